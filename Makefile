@@ -1,0 +1,50 @@
+# Carillon developer entry points. `make help` lists them.
+# Everything runs inside .venv, created and kept in sync with pyproject.toml on demand.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help install test unit lint typecheck fmt run bench clean
+
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	@touch $(STAMP)
+
+install: $(STAMP) ## Create .venv and install Carillon with its test tools (idempotent)
+
+test: $(STAMP) lint typecheck ## Lint, type-check and run the whole test suite
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+unit: $(STAMP) ## Run the test suite only (PYTEST_ARGS="-k ..." to filter)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP) ## ruff lint and format check
+	$(BIN)/ruff check engine tests benchmarks simulations
+	$(BIN)/ruff format --check engine tests benchmarks simulations
+
+typecheck: $(STAMP) ## mypy --strict on engine/
+	$(BIN)/mypy
+
+fmt: $(STAMP) ## Format and auto-fix lint findings
+	$(BIN)/ruff format engine tests benchmarks simulations
+	$(BIN)/ruff check --fix engine tests benchmarks simulations
+
+run: $(STAMP) ## Start a node (the node arrives with issue #4; today this lists what works)
+	@echo "Carillon $$($(BIN)/carillon --version): the node (carillon run) is not built yet."
+	@echo "Available now:"
+	@$(BIN)/carillon --help
+
+bench: $(STAMP) ## Run the benchmarks and rewrite docs/benchmarks.md
+	$(BIN)/python benchmarks/bench_cron.py
+
+clean: ## Remove the virtualenv and caches
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

@@ -1,0 +1,69 @@
+"""Carillon: a distributed cron engine.
+
+The names below are the supported public API; everything else may change between releases.
+"""
+
+from engine.clock import Clock, SystemClock
+from engine.core.dst import Adjustment, DstGap, DstOverlap
+from engine.core.hashing import partition_of, stable_hash
+from engine.core.timetable import Fire, Timetable, TimetableCache
+from engine.errors import (
+    CarillonError,
+    ConfigError,
+    InvalidCronExpression,
+    InvalidField,
+    LeaseLost,
+    LedgerError,
+    LedgerUnavailable,
+    NotFound,
+    ScheduleNeverFires,
+    UnknownTimeZone,
+    ValidationError,
+    VersionConflict,
+)
+from engine.model import (
+    CatchUpPolicy,
+    Execution,
+    ExecutionStatus,
+    Lease,
+    OverlapPolicy,
+    PlannerCheckpoint,
+    Schedule,
+    execution_id,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Adjustment",
+    "CarillonError",
+    "CatchUpPolicy",
+    "Clock",
+    "ConfigError",
+    "DstGap",
+    "DstOverlap",
+    "Execution",
+    "ExecutionStatus",
+    "Fire",
+    "InvalidCronExpression",
+    "InvalidField",
+    "Lease",
+    "LeaseLost",
+    "LedgerError",
+    "LedgerUnavailable",
+    "NotFound",
+    "OverlapPolicy",
+    "PlannerCheckpoint",
+    "Schedule",
+    "ScheduleNeverFires",
+    "SystemClock",
+    "Timetable",
+    "TimetableCache",
+    "UnknownTimeZone",
+    "ValidationError",
+    "VersionConflict",
+    "__version__",
+    "execution_id",
+    "partition_of",
+    "stable_hash",
+]

@@ -1,0 +1,255 @@
+"""Parsing and validation of cron expressions.
+
+Accepted syntax (croniter does the field parsing; this module normalises and checks):
+
+* five fields ``minute hour day-of-month month day-of-week`` with names (``MON``, ``JAN``),
+  ranges, lists and steps; when both day fields are restricted a day matches if *either*
+  does (the Vixie rule);
+* six fields with **seconds first** (Quartz / Spring order);
+* the macros ``@yearly @annually @monthly @weekly @daily @midnight @hourly``;
+* the Jenkins ``H`` token in the second, minute and hour fields (``H``, ``H/15``,
+  ``H(0-29)``, ``H(0-29)/10``), replaced by numbers derived from a stable hash of the
+  schedule id, so that thousands of ``H * * * *`` schedules spread over the hour instead of
+  all firing at minute 0, and each one always fires at the same minute.
+
+Invariants: a :class:`CronSpec` is only ever built from an expression that croniter accepts
+and that fires at least once in any ten-year window; its ``expression`` contains no ``H``.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from datetime import datetime
+from typing import Final, NoReturn
+
+import msgspec
+from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
+
+from engine.core.hashing import stable_hash
+from engine.errors import InvalidCronExpression, ScheduleNeverFires
+
+MAX_EXPRESSION_LENGTH: Final = 256
+PARSE_CACHE_ENTRIES: Final = 8192
+NEVER_FIRES_HORIZON_YEARS: Final = 10
+"""Leap days repeat at most every 8 years, so any expression that fires does so within 10."""
+
+MACROS: Final = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+
+_FIELDS_5: Final = ("minute", "hour", "day-of-month", "month", "day-of-week")
+_FIELDS_6: Final = ("second", *_FIELDS_5)
+_RANGES: Final = {
+    "second": (0, 59),
+    "minute": (0, 59),
+    "hour": (0, 23),
+    "day-of-month": (1, 31),
+    "month": (1, 12),
+    "day-of-week": (0, 7),
+}
+_HASHABLE: Final = frozenset({"second", "minute", "hour"})
+_H_ITEM: Final = re.compile(r"^H(?:\((\d+)-(\d+)\))?(?:/(\d+))?$")
+_H_TOKEN: Final = re.compile(r"(?<![A-Z])H(?![A-Z])")
+"""An ``H`` that is not part of a name such as ``THU``."""
+_VALIDATION_START: Final = datetime(2001, 1, 1)  # noqa: DTZ001 - a wall-clock time
+
+
+class CronSpec(msgspec.Struct, frozen=True):
+    """A validated cron expression, ready to iterate.
+
+    ``expression`` is what croniter evaluates (macros expanded, ``H`` resolved);
+    ``has_seconds`` says whether it has the leading seconds field; ``fixed_time`` is true
+    when neither the minute nor the hour field contains ``*`` (the cronie rule that decides
+    the ``auto`` DST policy).
+    """
+
+    source: str
+    expression: str
+    has_seconds: bool
+    fixed_time: bool
+    uses_hash: bool
+
+
+def parse_cron(source: str, *, hash_key: str | None = None) -> CronSpec:
+    """Validate ``source`` and return its :class:`CronSpec`.
+
+    ``hash_key`` (normally the schedule id) is required when the expression uses ``H``.
+    Raises :class:`InvalidCronExpression` or :class:`ScheduleNeverFires` with a message a
+    person can act on. Results are cached (parsing costs hundreds of microseconds).
+    """
+    return _parse_cached(source, hash_key if uses_hash(source) else None)
+
+
+@functools.lru_cache(maxsize=PARSE_CACHE_ENTRIES)
+def _parse_cached(source: str, hash_key: str | None) -> CronSpec:
+    text = " ".join(source.split())
+    if not text:
+        raise InvalidCronExpression("the cron expression is empty")
+    if len(text) > MAX_EXPRESSION_LENGTH:
+        raise InvalidCronExpression(
+            f"the cron expression is {len(text)} characters long; the limit is "
+            f"{MAX_EXPRESSION_LENGTH}"
+        )
+    if text.startswith("@"):
+        text = _expand_macro(text)
+    fields = text.split(" ")
+    names: tuple[str, ...]
+    if len(fields) == 5:
+        names = _FIELDS_5
+    elif len(fields) == 6:
+        names = _FIELDS_6
+    else:
+        raise InvalidCronExpression(
+            f"expected 5 fields (minute hour day-of-month month day-of-week) or 6 with "
+            f"seconds first, got {len(fields)} in {source!r}"
+        )
+    by_name = dict(zip(names, fields, strict=True))
+    fixed_time = "*" not in by_name["minute"] and "*" not in by_name["hour"]
+    hashed = uses_hash(text)
+    resolved = [
+        _resolve_hash(name, field, hash_key, source)
+        for name, field in zip(names, fields, strict=True)
+    ]
+    expression = " ".join(resolved)
+    has_seconds = len(fields) == 6
+    _check_fields_and_fires(expression, names, resolved, has_seconds, source)
+    return CronSpec(
+        source=source,
+        expression=expression,
+        has_seconds=has_seconds,
+        fixed_time=fixed_time,
+        uses_hash=hashed,
+    )
+
+
+@functools.lru_cache(maxsize=PARSE_CACHE_ENTRIES)
+def uses_hash(source: str) -> bool:
+    """Whether ``source`` uses ``H`` (so its instants depend on the schedule id).
+
+    Only the second, minute and hour fields may hold ``H``; names in the day fields (``THU``)
+    do not count.
+    """
+    fields = source.split()
+    if not fields or fields[0].startswith("@"):
+        return False
+    time_fields = fields[:3] if len(fields) == 6 else fields[:2]
+    return any(_H_TOKEN.search(field.upper()) for field in time_fields)
+
+
+def _expand_macro(text: str) -> str:
+    macro = text.lower()
+    if macro == "@reboot":
+        raise InvalidCronExpression(
+            "@reboot is not supported: Carillon schedules fire at instants, not at process start"
+        )
+    try:
+        return MACROS[macro]
+    except KeyError:
+        known = " ".join(sorted(MACROS))
+        raise InvalidCronExpression(f"unknown macro {text!r}; known macros: {known}") from None
+
+
+def _resolve_hash(name: str, field: str, hash_key: str | None, source: str) -> str:
+    if not _H_TOKEN.search(field.upper()):
+        return field
+    if name not in _HASHABLE:
+        raise InvalidCronExpression(
+            f"the {name} field {field!r} uses H, which is supported only in the second, "
+            "minute and hour fields"
+        )
+    if hash_key is None:
+        raise InvalidCronExpression(
+            f"{source!r} uses H, which is derived from the schedule id; give the schedule id"
+        )
+    low, high = _RANGES[name]
+    values: set[int] = set()
+    for item in field.upper().split(","):
+        match = _H_ITEM.match(item)
+        if match is None:
+            if "H" in item:
+                raise InvalidCronExpression(
+                    f"the {name} field item {item!r} is not a valid H form; use H, H/n, "
+                    "H(a-b) or H(a-b)/n"
+                )
+            values.update(_plain_values(name, item, source))
+            continue
+        first = int(match[1]) if match[1] is not None else low
+        last = int(match[2]) if match[2] is not None else high
+        if not low <= first <= last <= high:
+            raise InvalidCronExpression(
+                f"the {name} field {field!r} has range {first}-{last}; it must lie within "
+                f"{low}-{high} and start before it ends"
+            )
+        seed = stable_hash(f"{hash_key}/{name}")
+        width = last - first + 1
+        if match[3] is None:
+            values.add(first + seed % width)
+            continue
+        step = int(match[3])
+        if step < 1:
+            raise InvalidCronExpression(f"the {name} field {field!r} has a step of 0")
+        values.update(range(first + seed % min(step, width), last + 1, step))
+    return ",".join(str(value) for value in sorted(values))
+
+
+def _plain_values(name: str, item: str, source: str) -> list[int]:
+    """Expand a non-H list item that sits beside H items (``H,30``) into numbers."""
+    low, high = _RANGES[name]
+    template = ["*"] * 5
+    index = {"second": 0, "minute": 0, "hour": 1}[name]
+    template[index] = item
+    try:
+        expanded = croniter.expand(" ".join(template))[0][index]
+    except CroniterError as exc:
+        raise InvalidCronExpression(f"the {name} field item {item!r} is invalid: {exc}") from None
+    if expanded == ["*"]:
+        return list(range(low, high + 1))
+    return [int(value) for value in expanded]
+
+
+def _check_fields_and_fires(
+    expression: str, names: tuple[str, ...], fields: list[str], has_seconds: bool, source: str
+) -> None:
+    try:
+        iterator = croniter(
+            expression,
+            _VALIDATION_START,
+            ret_type=datetime,
+            max_years_between_matches=NEVER_FIRES_HORIZON_YEARS,
+            second_at_beginning=has_seconds,
+        )
+    except CroniterError:
+        _raise_for_bad_field(names, fields, has_seconds, source)
+    try:
+        iterator.get_next()
+    except (CroniterBadDateError, CroniterBadCronError):
+        raise ScheduleNeverFires(
+            f"{source!r} never fires: no date matches it in {NEVER_FIRES_HORIZON_YEARS} years "
+            "(check the day-of-month against the month, e.g. 30 February)"
+        ) from None
+
+
+def _raise_for_bad_field(
+    names: tuple[str, ...], fields: list[str], has_seconds: bool, source: str
+) -> NoReturn:
+    """Find the offending field so the message can name it."""
+    for name, field in zip(names, fields, strict=True):
+        template = ["*"] * len(names)
+        template[names.index(name)] = field
+        try:
+            croniter.expand(" ".join(template), second_at_beginning=has_seconds)
+        except CroniterError:
+            low, high = _RANGES[name]
+            hint = {"month": " or JAN-DEC", "day-of-week": " (0 and 7 are Sunday) or SUN-SAT"}
+            raise InvalidCronExpression(
+                f"the {name} field {field!r} in {source!r} is invalid; allowed values are "
+                f"{low}-{high}{hint.get(name, '')}, with lists (a,b), ranges (a-b) and steps (*/n)"
+            ) from None
+    raise InvalidCronExpression(f"the cron expression {source!r} is invalid")

@@ -1,0 +1,77 @@
+"""Every exception Carillon raises on purpose.
+
+Operating errors (bad input, an unreachable database, a lost lease) are subclasses of
+:class:`CarillonError`; anything else escaping the engine is a bug.
+
+::
+
+    CarillonError
+    ├── ValidationError            bad input from a user; callers answer 4xx / exit code 2
+    │   ├── InvalidCronExpression  unparsable or out-of-range cron fields
+    │   ├── UnknownTimeZone        not an IANA zone name
+    │   ├── ScheduleNeverFires     valid fields that never produce an instant (``0 0 30 2 *``)
+    │   └── InvalidField           any other malformed value (ids, timestamps, policies, counts)
+    ├── ConfigError                the node or a command was configured wrongly
+    └── LedgerError                the durable store refused or could not do an operation
+        ├── LedgerUnavailable      unreachable, timed out, or restarted; retry with backoff
+        ├── LeaseLost              a fenced write matched no current lease: stop acting at once
+        ├── VersionConflict        optimistic concurrency: someone else updated first
+        └── NotFound               the addressed record does not exist
+"""
+
+from __future__ import annotations
+
+
+class CarillonError(Exception):
+    """Base of every deliberate Carillon error."""
+
+
+class ValidationError(CarillonError, ValueError):
+    """The input cannot be accepted; the message tells a person how to fix it."""
+
+
+class InvalidCronExpression(ValidationError):
+    """A cron expression that cannot be parsed or has an out-of-range field."""
+
+
+class UnknownTimeZone(ValidationError):
+    """A time-zone name that is not in the IANA database."""
+
+
+class ScheduleNeverFires(ValidationError):
+    """An expression whose fields are valid but which never produces an instant."""
+
+
+class InvalidField(ValidationError):
+    """A malformed value other than a cron expression or a zone."""
+
+
+class ConfigError(CarillonError):
+    """A node or command configuration that cannot work."""
+
+
+class LedgerError(CarillonError):
+    """The ledger could not perform an operation."""
+
+
+class LedgerUnavailable(LedgerError):
+    """The database is unreachable, timed out, or restarted mid-operation.
+
+    Nothing is known to have been committed, or a commit may have happened with its reply
+    lost; every ledger write is idempotent so callers retry with bounded backoff.
+    """
+
+
+class LeaseLost(LedgerError):
+    """A fenced write matched no lease held by the caller with its fencing token.
+
+    The caller no longer owns the partition and must stop acting on it immediately.
+    """
+
+
+class VersionConflict(LedgerError):
+    """An optimistic update carried a version that is no longer current."""
+
+
+class NotFound(LedgerError):
+    """The addressed record does not exist."""

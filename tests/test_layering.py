@@ -1,0 +1,98 @@
+"""The layering rules of STYLE.md, enforced on the source tree."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ENGINE = Path(__file__).resolve().parents[1] / "engine"
+
+# Module -> prefixes of imports it must not make.
+CORE_FORBIDDEN = (
+    "trio",
+    "asyncpg",
+    "uvloop",
+    "asyncio",
+    "engine.clock",
+    "engine.ledger",
+    "engine.actors",
+    "engine.api",
+    "engine.cli",
+    "engine.testing",
+    "time",
+    "random",
+    "socket",
+)
+ASYNCPG_IMPORTERS = {"ledger/postgres.py", "ledger/bridge.py"}
+WEB_IMPORTERS_PREFIX = "api/"
+
+
+def imports_of(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def engine_modules() -> list[Path]:
+    return sorted(ENGINE.rglob("*.py"))
+
+
+def matches(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def test_core_is_pure() -> None:
+    offenders = {
+        str(path.relative_to(ENGINE)): sorted(
+            name for name in imports_of(path) if any(matches(name, p) for p in CORE_FORBIDDEN)
+        )
+        for path in (ENGINE / "core").rglob("*.py")
+    }
+    assert {module: names for module, names in offenders.items() if names} == {}
+
+
+def test_only_the_postgres_ledger_touches_asyncpg() -> None:
+    importers = {
+        str(path.relative_to(ENGINE))
+        for path in engine_modules()
+        if any(matches(name, "asyncpg") or matches(name, "uvloop") for name in imports_of(path))
+    }
+    assert importers <= ASYNCPG_IMPORTERS
+
+
+def test_only_the_api_touches_the_web_stack() -> None:
+    importers = {
+        str(path.relative_to(ENGINE))
+        for path in engine_modules()
+        if any(
+            matches(name, lib) for name in imports_of(path) for lib in ("hypercorn", "starlette")
+        )
+    }
+    assert all(module.startswith(WEB_IMPORTERS_PREFIX) for module in importers)
+
+
+def test_engine_never_imports_simulations_or_tests() -> None:
+    importers = {
+        str(path.relative_to(ENGINE))
+        for path in engine_modules()
+        if any(matches(name, "simulations") or matches(name, "tests") for name in imports_of(path))
+    }
+    assert importers == set()
+
+
+def test_engine_reads_no_ambient_time_outside_the_system_clock() -> None:
+    offenders = []
+    for path in engine_modules():
+        relative = str(path.relative_to(ENGINE))
+        if relative == "clock.py":
+            continue
+        text = path.read_text()
+        for needle in ("datetime.now(", "time.time(", "datetime.utcnow(", "time.monotonic("):
+            if needle in text:
+                offenders.append(f"{relative}: {needle}")
+    assert offenders == []

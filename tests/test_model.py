@@ -1,0 +1,70 @@
+"""Domain records: deterministic execution ids, identifier rules, payload limits."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import msgspec
+import pytest
+
+from engine.errors import InvalidField
+from engine.model import (
+    PAYLOAD_BYTES_MAX,
+    Execution,
+    ExecutionStatus,
+    Schedule,
+    check_payload_size,
+    execution_id,
+    parse_execution_id,
+    validate_identifier,
+)
+
+
+def test_execution_id_is_deterministic_and_offset_independent() -> None:
+    planned = datetime(2026, 3, 8, 7, 0, tzinfo=UTC)
+    same_instant = planned.astimezone(timezone(timedelta(hours=-4)))
+    assert execution_id("billing", planned) == "billing:2026-03-08T07:00:00Z"
+    assert execution_id("billing", same_instant) == execution_id("billing", planned)
+
+
+def test_execution_id_round_trips() -> None:
+    planned = datetime(2026, 3, 8, 7, 0, 30, tzinfo=UTC)
+    assert parse_execution_id(execution_id("a.b-c_d~e", planned)) == ("a.b-c_d~e", planned)
+
+
+@pytest.mark.parametrize("bad", ["", "has:colon", "has space", "-leading", "x" * 129, "ü"])
+def test_identifiers_are_refused_when_malformed(bad: str) -> None:
+    with pytest.raises(InvalidField, match="is invalid"):
+        validate_identifier(bad, kind="schedule id")
+
+
+def test_payload_at_the_limit_is_accepted_and_over_it_refused() -> None:
+    overhead = len(msgspec.json.encode({"blob": ""}))
+    at_limit = {"blob": "x" * (PAYLOAD_BYTES_MAX - overhead)}
+    assert check_payload_size(at_limit) == PAYLOAD_BYTES_MAX
+    with pytest.raises(InvalidField, match="the limit is 65536 bytes"):
+        check_payload_size({"blob": "x" * (PAYLOAD_BYTES_MAX - overhead + 1)})
+
+
+def test_records_round_trip_through_json() -> None:
+    schedule = Schedule(
+        schedule_id="s1", tenant_id="t1", cron_expr="0 * * * *", task_type="noop",
+        payload={"k": [1, 2]}, next_run_at=datetime(2026, 1, 1, tzinfo=UTC),
+    )  # fmt: skip
+    assert msgspec.json.decode(msgspec.json.encode(schedule), type=Schedule) == schedule
+    execution = Execution(
+        execution_id="s1:2026-01-01T00:00:00Z", schedule_id="s1", tenant_id="t1",
+        task_type="noop", planned_at=datetime(2026, 1, 1, tzinfo=UTC),
+    )  # fmt: skip
+    encoded = msgspec.json.encode(execution)
+    assert b'"status":"queued"' in encoded
+    assert msgspec.json.decode(encoded, type=Execution) == execution
+
+
+def test_terminal_statuses() -> None:
+    terminal = {status for status in ExecutionStatus if status.is_terminal}
+    assert terminal == {
+        ExecutionStatus.SUCCEEDED,
+        ExecutionStatus.DEAD_LETTER,
+        ExecutionStatus.SKIPPED,
+    }
