@@ -6,6 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+RUN_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install test unit lint typecheck fmt run bench clean
@@ -38,10 +39,9 @@ fmt: $(STAMP) ## Format and auto-fix lint findings
 	$(BIN)/ruff format engine tests benchmarks simulations
 	$(BIN)/ruff check --fix engine tests benchmarks simulations
 
-run: $(STAMP) ## Start a node (the node arrives with issue #4; today this lists what works)
-	@echo "Carillon $$($(BIN)/carillon --version): the node (carillon run) is not built yet."
-	@echo "Available now:"
-	@$(BIN)/carillon --help
+run: $(STAMP) ## Migrate the database if needed and start a node (Ctrl-C stops it)
+	$(BIN)/carillon migrate
+	$(BIN)/carillon run $(RUN_ARGS)
 
 bench: $(STAMP) ## Run the benchmarks and rewrite docs/benchmarks.md
 	$(BIN)/python benchmarks/bench_cron.py

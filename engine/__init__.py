@@ -8,6 +8,7 @@ from engine.core.dst import Adjustment, DstGap, DstOverlap
 from engine.core.hashing import partition_of, stable_hash
 from engine.core.timetable import Fire, Timetable, TimetableCache
 from engine.errors import (
+    AlreadyExists,
     CarillonError,
     ConfigError,
     InvalidCronExpression,
@@ -36,6 +37,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Adjustment",
+    "AlreadyExists",
     "CarillonError",
     "CatchUpPolicy",
     "Clock",

@@ -12,10 +12,12 @@ Operating errors (bad input, an unreachable database, a lost lease) are subclass
     │   ├── ScheduleNeverFires     valid fields that never produce an instant (``0 0 30 2 *``)
     │   └── InvalidField           any other malformed value (ids, timestamps, policies, counts)
     ├── ConfigError                the node or a command was configured wrongly
+    ├── ActorCrashLoop             an actor kept crashing; the node stops rather than limp
     └── LedgerError                the durable store refused or could not do an operation
         ├── LedgerUnavailable      unreachable, timed out, or restarted; retry with backoff
         ├── LeaseLost              a fenced write matched no current lease: stop acting at once
         ├── VersionConflict        optimistic concurrency: someone else updated first
+        ├── AlreadyExists          a record with that id exists already
         └── NotFound               the addressed record does not exist
 """
 
@@ -50,6 +52,10 @@ class ConfigError(CarillonError):
     """A node or command configuration that cannot work."""
 
 
+class ActorCrashLoop(CarillonError):
+    """An actor crashed more often than its supervisor allows; the node shuts down."""
+
+
 class LedgerError(CarillonError):
     """The ledger could not perform an operation."""
 
@@ -65,12 +71,25 @@ class LedgerUnavailable(LedgerError):
 class LeaseLost(LedgerError):
     """A fenced write matched no lease held by the caller with its fencing token.
 
-    The caller no longer owns the partition and must stop acting on it immediately.
+    The caller no longer owns the partitions in ``partitions`` and must stop acting on them
+    immediately. Nothing was written.
     """
+
+    def __init__(self, message: str, *, partitions: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.partitions = partitions
 
 
 class VersionConflict(LedgerError):
     """An optimistic update carried a version that is no longer current."""
+
+
+class AlreadyExists(LedgerError):
+    """A create named ids that exist already; ``ids`` lists them. Nothing was written."""
+
+    def __init__(self, message: str, *, ids: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.ids = ids
 
 
 class NotFound(LedgerError):

@@ -57,10 +57,10 @@ class CatchUpPolicy(enum.StrEnum):
     """What a planner does with fires missed while nobody owned the schedule's partition.
 
     Only fires within the schedule's ``catch_up_window_s`` are considered; older ones are
-    recorded as skipped with the reason ``catch-up-window``.
+    recorded as skipped with the reason ``catchup_window``.
     """
 
-    SKIP = "skip"
+    NONE = "none"
     """Run none of the missed fires; record them as skipped."""
     LATEST = "latest"
     """Run the most recent missed fire once; record the others as skipped (the default)."""
@@ -94,6 +94,8 @@ class Schedule(msgspec.Struct, frozen=True, kw_only=True):
     updated_at: datetime | None = None
     version: int = 1
     """Incremented on every update; updates carrying an older version are refused."""
+    partition_id: int | None = None
+    """Assigned by the ledger: ``partition_of(schedule_id, partition_count)``."""
     catch_up: CatchUpPolicy = CatchUpPolicy.LATEST
     catch_up_window_s: float = CATCH_UP_WINDOW_S_DEFAULT
     dst_gap: DstGap = DstGap.AUTO
@@ -120,6 +122,10 @@ class Execution(msgspec.Struct, frozen=True, kw_only=True):
     error_message: str | None = None
     fencing_token: int | None = None
     """The fencing token of the lease under which it was last written."""
+    partition_id: int | None = None
+    """The partition of its schedule, assigned by the ledger."""
+    attempt_expires_at: datetime | None = None
+    """While running: when the attempt lease expires and the execution may be re-queued."""
 
 
 class Lease(msgspec.Struct, frozen=True, kw_only=True):

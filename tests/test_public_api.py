@@ -3,8 +3,8 @@
 import engine
 
 PINNED = {
-    "Adjustment", "CarillonError", "CatchUpPolicy", "Clock", "ConfigError", "DstGap",
-    "DstOverlap", "Execution", "ExecutionStatus", "Fire", "InvalidCronExpression",
+    "AlreadyExists", "Adjustment", "CarillonError", "CatchUpPolicy", "Clock", "ConfigError",
+    "DstGap", "DstOverlap", "Execution", "ExecutionStatus", "Fire", "InvalidCronExpression",
     "InvalidField", "Lease", "LeaseLost", "LedgerError", "LedgerUnavailable", "NotFound",
     "OverlapPolicy", "PlannerCheckpoint", "Schedule", "ScheduleNeverFires", "SystemClock",
     "Timetable", "TimetableCache", "UnknownTimeZone", "ValidationError", "VersionConflict",

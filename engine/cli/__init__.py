@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from engine import __version__
-from engine.cli import preview
+from engine.cli import migrate, preview, run
 from engine.errors import CarillonError, ValidationError
 
 EXIT_OK = 0
@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"carillon {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     preview.add_parser(commands)
+    migrate.add_parser(commands)
+    run.add_parser(commands)
     return parser
 
 

@@ -27,7 +27,7 @@ import msgspec
 from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
 
 from engine.core.hashing import stable_hash
-from engine.errors import InvalidCronExpression, ScheduleNeverFires
+from engine.errors import InvalidCronExpression, ScheduleNeverFires, ValidationError
 
 MAX_EXPRESSION_LENGTH: Final = 256
 PARSE_CACHE_ENTRIES: Final = 8192
@@ -82,13 +82,26 @@ def parse_cron(source: str, *, hash_key: str | None = None) -> CronSpec:
 
     ``hash_key`` (normally the schedule id) is required when the expression uses ``H``.
     Raises :class:`InvalidCronExpression` or :class:`ScheduleNeverFires` with a message a
-    person can act on. Results are cached (parsing costs hundreds of microseconds).
+    person can act on. Validation costs hundreds of microseconds, so it is cached by
+    expression; ``H`` is resolved per schedule first (cheap), and the *resolved* expression is
+    what is cached, so a million ``H * * * *`` schedules share sixty parsed expressions.
     """
-    return _parse_cached(source, hash_key if uses_hash(source) else None)
+    if not uses_hash(source):
+        return _parse_cached(source)
+    names, fields = _fields_of(source)
+    resolved = " ".join(
+        _resolve_hash(name, field, hash_key, source)
+        for name, field in zip(names, fields, strict=True)
+    )
+    try:
+        spec = _parse_cached(resolved)
+    except ValidationError as exc:
+        raise type(exc)(f"{exc} (resolved from {source!r})") from None
+    return msgspec.structs.replace(spec, source=source, uses_hash=True)
 
 
-@functools.lru_cache(maxsize=PARSE_CACHE_ENTRIES)
-def _parse_cached(source: str, hash_key: str | None) -> CronSpec:
+def _fields_of(source: str) -> tuple[tuple[str, ...], list[str]]:
+    """Normalise, expand a macro, and split into named fields (5 or 6)."""
     text = " ".join(source.split())
     if not text:
         raise InvalidCronExpression("the cron expression is empty")
@@ -100,32 +113,33 @@ def _parse_cached(source: str, hash_key: str | None) -> CronSpec:
     if text.startswith("@"):
         text = _expand_macro(text)
     fields = text.split(" ")
-    names: tuple[str, ...]
     if len(fields) == 5:
-        names = _FIELDS_5
-    elif len(fields) == 6:
-        names = _FIELDS_6
-    else:
-        raise InvalidCronExpression(
-            f"expected 5 fields (minute hour day-of-month month day-of-week) or 6 with "
-            f"seconds first, got {len(fields)} in {source!r}"
-        )
+        return _FIELDS_5, fields
+    if len(fields) == 6:
+        return _FIELDS_6, fields
+    raise InvalidCronExpression(
+        f"expected 5 fields (minute hour day-of-month month day-of-week) or 6 with "
+        f"seconds first, got {len(fields)} in {source!r}"
+    )
+
+
+@functools.lru_cache(maxsize=PARSE_CACHE_ENTRIES)
+def _parse_cached(source: str) -> CronSpec:
+    """Parse an expression without ``H`` (H in a non-time field is refused here)."""
+    names, fields = _fields_of(source)
+    for name, field in zip(names, fields, strict=True):
+        _resolve_hash(name, field, None, source)  # refuses H where it is not allowed
     by_name = dict(zip(names, fields, strict=True))
     fixed_time = "*" not in by_name["minute"] and "*" not in by_name["hour"]
-    hashed = uses_hash(text)
-    resolved = [
-        _resolve_hash(name, field, hash_key, source)
-        for name, field in zip(names, fields, strict=True)
-    ]
-    expression = " ".join(resolved)
+    expression = " ".join(fields)
     has_seconds = len(fields) == 6
-    _check_fields_and_fires(expression, names, resolved, has_seconds, source)
+    _check_fields_and_fires(expression, names, fields, has_seconds, source)
     return CronSpec(
         source=source,
         expression=expression,
         has_seconds=has_seconds,
         fixed_time=fixed_time,
-        uses_hash=hashed,
+        uses_hash=False,
     )
 
 

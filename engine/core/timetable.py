@@ -28,7 +28,7 @@ from zoneinfo import ZoneInfo
 import msgspec
 from croniter import croniter
 
-from engine.core.cron import CronSpec, parse_cron, uses_hash
+from engine.core.cron import CronSpec, parse_cron
 from engine.core.dst import (
     Adjustment,
     DstGap,
@@ -46,6 +46,20 @@ TIMETABLES_MAX: Final = 20_000
 """Distinct (expression, zone, policy) timetables kept by a cache; least recently used goes."""
 FIRES_PER_CALL_MAX: Final = 10_000
 SCAN_HORIZON: Final = timedelta(days=366 * 11)
+_UTC_KEYS: Final = frozenset(
+    {
+        "UTC",
+        "Etc/UTC",
+        "Etc/UCT",
+        "UCT",
+        "Etc/Universal",
+        "Universal",
+        "Zulu",
+        "Etc/Zulu",
+        "GMT",
+        "Etc/GMT",
+    }
+)
 
 
 class Fire(msgspec.Struct, frozen=True):
@@ -88,6 +102,7 @@ class Timetable:
             second_at_beginning=spec.has_seconds,
         )
         self._memo: dict[datetime, Fire] = {}
+        self._utc = zone.key in _UTC_KEYS
 
     @classmethod
     def compile(
@@ -129,6 +144,11 @@ class Timetable:
         return result
 
     def _compute_next(self, after: datetime) -> Fire:
+        if self._utc:
+            # No transitions: a wall time is its instant.
+            self._iterator.set_current(after.replace(tzinfo=None, microsecond=0), force=True)
+            wall: datetime = self._iterator.get_next(datetime)
+            return Fire(planned_at=wall.replace(tzinfo=UTC), wall=wall, adjustment=Adjustment.NONE)
         zone = self.zone
         wall_after = after.astimezone(zone).replace(tzinfo=None, microsecond=0)
         start = wall_after
@@ -142,7 +162,7 @@ class Timetable:
         best: Fire | None = None
         best_wall = wall_after
         while True:
-            wall: datetime = self._iterator.get_next(datetime)
+            wall = self._iterator.get_next(datetime)
             if wall > horizon:
                 raise ScheduleNeverFires(
                     f"{self.spec.source!r} in {zone.key} does not fire within "
@@ -172,15 +192,14 @@ class Timetable:
 class TimetableCache:
     """Shares compiled timetables (and so their memos) between schedules.
 
-    Keyed by (expression, zone, gap, overlap) -- plus the schedule id only for expressions
-    that use ``H``, since only those depend on it. Bounded by :data:`TIMETABLES_MAX` (LRU).
+    Keyed by the *resolved* expression (``H`` replaced by the schedule's numbers), zone and
+    policy, so schedules whose ``H`` lands on the same minute share one timetable and its
+    memo. Bounded by :data:`TIMETABLES_MAX` (LRU).
     """
 
     def __init__(self, max_entries: int = TIMETABLES_MAX) -> None:
         self._max_entries = max_entries
-        self._entries: OrderedDict[tuple[str, str, DstGap, DstOverlap, str], Timetable] = (
-            OrderedDict()
-        )
+        self._entries: OrderedDict[tuple[str, str, DstGap, DstOverlap], Timetable] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
@@ -194,21 +213,15 @@ class TimetableCache:
         schedule_id: str | None = None,
     ) -> Timetable:
         """The timetable for these settings, compiled on first use."""
-        hash_part = (schedule_id or "") if uses_hash(expression) else ""
-        key = (expression, timezone, dst_gap, dst_overlap, hash_part)
+        spec = parse_cron(expression, hash_key=schedule_id)
+        key = (spec.expression, timezone, dst_gap, dst_overlap)
         timetable = self._entries.get(key)
         if timetable is not None:
             self.hits += 1
             self._entries.move_to_end(key)
             return timetable
         self.misses += 1
-        timetable = Timetable.compile(
-            expression,
-            timezone,
-            dst_gap=dst_gap,
-            dst_overlap=dst_overlap,
-            schedule_id=schedule_id,
-        )
+        timetable = Timetable(spec, load_zone(timezone), dst_gap=dst_gap, dst_overlap=dst_overlap)
         self._entries[key] = timetable
         if len(self._entries) > self._max_entries:
             self._entries.popitem(last=False)

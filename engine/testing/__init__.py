@@ -3,6 +3,6 @@
 Nothing in ``engine/`` outside this package imports it.
 """
 
-from engine.testing.clock import SkewedClock
+from engine.testing.clock import ManualClock, SkewedClock
 
-__all__ = ["SkewedClock"]
+__all__ = ["ManualClock", "SkewedClock"]

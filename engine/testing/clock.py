@@ -51,3 +51,34 @@ class SkewedClock:
     def jump(self, seconds: float) -> None:
         """Step wall time by ``seconds`` at once (forward or back)."""
         self.skew_s += seconds
+
+
+class ManualClock:
+    """A :class:`~engine.clock.Clock` that moves only when told to (no trio needed).
+
+    Both readings advance together through :meth:`advance`; :meth:`jump` moves wall time
+    alone, as a stepped system clock would.
+    """
+
+    def __init__(self, start: datetime, *, monotonic_start: float = 0.0) -> None:
+        if start.tzinfo is None:
+            raise ValueError("start must be timezone-aware")
+        self._now = start.astimezone(UTC)
+        self._monotonic = monotonic_start
+
+    def monotonic(self) -> float:
+        return self._monotonic
+
+    def now(self) -> datetime:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        """Let ``seconds`` pass on both clocks."""
+        if seconds < 0:
+            raise ValueError("time does not run backwards; use jump() for a wall-clock step")
+        self._monotonic += seconds
+        self._now += timedelta(seconds=seconds)
+
+    def jump(self, seconds: float) -> None:
+        """Step wall time by ``seconds`` (either way); monotonic time is unchanged."""
+        self._now += timedelta(seconds=seconds)

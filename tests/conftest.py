@@ -1,4 +1,4 @@
-"""Fixtures for ledger tests: a throwaway database on whichever server the session resolves.
+"""Shared fixtures: a throwaway database on whichever server the session resolves.
 
 The server comes from :func:`engine.ledger.database.resolve_database` (``$CARILLON_DATABASE_URL``,
 else the local server, else embedded PostgreSQL). The session creates one database with a
@@ -63,3 +63,13 @@ async def connection(
     finally:
         with trio.CancelScope(shield=True):
             await bridge.call(opened.close)
+
+
+@pytest.fixture(scope="session")
+def postgres_template(database_url: str) -> Iterator[str]:
+    """A database migrated once per session, cloned by tests that need a fresh one."""
+    from tests.ledger.backends import drop_template, make_template
+
+    template = make_template(database_url)
+    yield template
+    drop_template(database_url, template)

@@ -1,0 +1,185 @@
+"""Acquires, renews and hands back this node's partition leases.
+
+Design
+------
+Leases are liveness hints; the fencing token checked by every write is the safety mechanism.
+Each cycle (every ``ttl / 3``):
+
+1. **Renew** every held lease. Renewed ones are trusted until ``attempt start + ttl -
+   margin`` on the local monotonic clock (the attempt start, because the database may have
+   stamped the expiry at any point after it). Leases missing from the answer are lost:
+   dropped at once, which cancels their planners.
+2. **Expire locally** any lease whose trust window has passed (renewals failing because the
+   database is unreachable): its planner was already cancelled by its deadline, *before*
+   the database could consider the lease expired.
+3. **Rebalance** with :func:`~engine.core.ownership.plan_ownership`: hand back extras first
+   (drop locally, wait briefly for the planners to stop, release in the ledger, so the
+   joining node takes them at once), then acquire free or expired partitions up to the
+   fair share.
+
+A database outage never crashes the keeper: calls raise ``LedgerUnavailable``, the cycle is
+cut short, and trust windows run out on their own -- the node steps down and retries.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any, Final
+
+import msgspec
+import trio
+
+from engine.actors.membership import Membership
+from engine.actors.partitions import PartitionTable
+from engine.clock import Clock
+from engine.core.ownership import plan_ownership
+from engine.errors import LedgerUnavailable
+from engine.ledger.base import Fence, LeasesAcquire, LeasesRelease, LeasesRenew, Ledger
+
+log = logging.getLogger("carillon.leases")
+
+PLANNER_STOP_WAIT_S: Final = 2.0
+"""How long a graceful hand-back waits for the partition's planner to stop."""
+SHORT_OF_SHARE_INTERVAL_S: Final = 0.5
+"""Cycle period while this node holds less than its fair share: partitions another node hands
+back are taken within about half a second, so a rebalance leaves no planning gap."""
+
+
+class LeaseKeeperConfig(msgspec.Struct, frozen=True):
+    node_id: str
+    ttl_s: float
+    safety_margin_s: float
+
+    @property
+    def interval_s(self) -> float:
+        return self.ttl_s / 3
+
+
+class LeaseStatistics(msgspec.Struct, frozen=True):
+    owned: list[int]
+    acquired: int
+    released: int
+    lost: int
+    expired_locally: int
+    failures: int
+
+
+class LeaseKeeper:
+    def __init__(
+        self,
+        config: LeaseKeeperConfig,
+        ledger: Ledger,
+        clock: Clock,
+        table: PartitionTable,
+        membership: Membership,
+        rng: random.Random,
+    ) -> None:
+        self.config = config
+        self._ledger = ledger
+        self._clock = clock
+        self._table = table
+        self._membership = membership
+        self._rng = rng
+        self._counts = {"acquired": 0, "released": 0, "lost": 0, "expired": 0, "failures": 0}
+        self._target: int | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await self.step()
+            short = self._target is not None and len(self._table) < self._target
+            await trio.sleep(
+                min(self.config.interval_s, SHORT_OF_SHARE_INTERVAL_S)
+                if short
+                else self.config.interval_s
+            )
+
+    async def step(self) -> None:
+        """One cycle: renew, expire locally, rebalance."""
+        try:
+            await self._renew()
+            self._expire_locally()
+            await self._rebalance()
+        except LedgerUnavailable as exc:
+            self._counts["failures"] += 1
+            log.warning("lease cycle cut short: %s", exc)
+            self._expire_locally()
+
+    async def release_all(self) -> None:
+        """Hand back every lease (graceful shutdown); planners must be stopped already."""
+        fences = self._table.fences()
+        for fence in fences:
+            self._table.drop(fence.partition_id)
+        if fences:
+            released = await self._ledger.leases_release(LeasesRelease(fences))
+            self._counts["released"] += released
+            log.info("released %d leases", released)
+
+    def statistics(self) -> LeaseStatistics:
+        c = self._counts
+        return LeaseStatistics(
+            list(self._table), c["acquired"], c["released"], c["lost"], c["expired"], c["failures"]
+        )
+
+    def _trusted_until(self, attempt_start: float) -> float:
+        return attempt_start + self.config.ttl_s - self.config.safety_margin_s
+
+    async def _renew(self) -> None:
+        fences = self._table.fences()
+        if not fences:
+            return
+        started = self._clock.monotonic()
+        renewed = await self._ledger.leases_renew(LeasesRenew(fences, self.config.ttl_s))
+        still = {lease.partition_id for lease in renewed}
+        for fence in fences:
+            owned = self._table.get(fence.partition_id)
+            if owned is None or owned.fence != fence:
+                continue
+            if fence.partition_id in still:
+                owned.extend(self._trusted_until(started))
+            else:
+                self._counts["lost"] += 1
+                log.warning("lost the lease of partition %d", fence.partition_id)
+                self._table.drop(fence.partition_id)
+
+    def _expire_locally(self) -> None:
+        now = self._clock.monotonic()
+        for partition_id in list(self._table):
+            owned = self._table.get(partition_id)
+            if owned is not None and owned.trusted_until <= now:
+                self._counts["expired"] += 1
+                log.warning("partition %d: lease no longer trusted; stepping down", partition_id)
+                self._table.drop(partition_id)
+
+    async def _rebalance(self) -> None:
+        leases = await self._ledger.leases_list()
+        now = await self._ledger.database_now()
+        plan = plan_ownership(self.config.node_id, leases, self._membership.live_nodes, now)
+        self._target = plan.target
+        if plan.release:
+            await self._hand_back(plan.release)
+        if plan.acquire:
+            started = self._clock.monotonic()
+            acquired = await self._ledger.leases_acquire(
+                LeasesAcquire(self.config.node_id, plan.acquire, self.config.ttl_s)
+            )
+            for lease in acquired:
+                fence = Fence(lease.partition_id, self.config.node_id, lease.fencing_token)
+                self._table.add(fence, self._trusted_until(started))
+            self._counts["acquired"] += len(acquired)
+            if acquired:
+                log.info(
+                    "acquired partitions %s (target %d)",
+                    [lease.partition_id for lease in acquired],
+                    plan.target,
+                )
+
+    async def _hand_back(self, partition_ids: list[int]) -> None:
+        dropped = [owned for p in partition_ids if (owned := self._table.drop(p)) is not None]
+        with trio.move_on_after(PLANNER_STOP_WAIT_S):
+            for owned in dropped:
+                await owned.stopped.wait()
+        released = await self._ledger.leases_release(LeasesRelease([o.fence for o in dropped]))
+        self._counts["released"] += released
+        log.info("handed back partitions %s", partition_ids)

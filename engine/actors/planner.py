@@ -1,0 +1,309 @@
+"""Plans one partition: materialises fires into the ledger ahead of time.
+
+Design
+------
+The planner holds the partition's enabled schedules in a :class:`PlanHeap` keyed by
+``next_run_at``. Each step pops the fires due by ``now + lookahead`` (``now`` is the clock
+monitor's *corrected* time) and writes them in one fenced ledger transaction that also
+advances each schedule's ``next_run_at`` and the partition checkpoint. So a top-of-minute
+burst is durable before :00, and a crash at any point loses nothing: the ledger's
+``next_run_at`` says where to resume, and re-planning a fire inserts nothing new (its id is
+deterministic).
+
+A fire found more than the catch-up grace in the past -- after downtime or a takeover -- goes
+through :func:`~engine.core.catchup.catch_up` and is run or recorded as skipped by the
+schedule's policy. A rejected fence (:class:`LeaseLost`) ends the planner immediately; an
+unavailable ledger is retried with backoff, keeping the popped fires. Schedule changes arrive
+through :meth:`notify` (routed from the change feed) and are applied between steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+import msgspec
+import trio
+
+from engine.actors.clock_monitor import ClockMonitor
+from engine.actors.retry import retry_unavailable
+from engine.core.catchup import catch_up
+from engine.core.plan_heap import PlanHeap
+from engine.core.timetable import Timetable, TimetableCache
+from engine.errors import LeaseLost, NotFound, ValidationError
+from engine.ledger.base import (
+    ExecutionsPlan,
+    Fence,
+    Ledger,
+    PlannedExecution,
+    ScheduleAdvance,
+    SchedulesList,
+)
+from engine.model import Schedule
+
+log = logging.getLogger("carillon.planner")
+
+LOAD_PAGE_SIZE: Final = 1_000
+INBOX_MAX: Final = 100_000
+"""Pending change notifications per planner; beyond it the planner reloads everything."""
+
+
+class PartitionLost(Exception):
+    """The partition's fence was rejected: this node no longer owns it."""
+
+
+class PlannerConfig(msgspec.Struct, frozen=True):
+    lookahead_s: float
+    batch_max: int
+    catchup_grace_s: float
+    idle_wait_max_s: float = 30.0
+    """Longest idle sleep; changes and due fires wake the planner earlier."""
+
+
+class PlannerStatistics(msgspec.Struct, frozen=True):
+    partition_id: int
+    schedules: int
+    planned: int
+    skipped: int
+    batches: int
+    checkpoint: datetime | None
+    next_instant: datetime | None
+
+
+class _Entry(msgspec.Struct):
+    schedule: Schedule
+    timetable: Timetable
+
+
+class Planner:
+    def __init__(
+        self,
+        fence: Fence,
+        config: PlannerConfig,
+        ledger: Ledger,
+        monitor: ClockMonitor,
+        cache: TimetableCache,
+        rng: random.Random,
+    ) -> None:
+        self.fence = fence
+        self.config = config
+        self._ledger = ledger
+        self._monitor = monitor
+        self._cache = cache
+        self._rng = rng
+        self._heap = PlanHeap()
+        self._entries: dict[str, _Entry] = {}
+        self._inbox: dict[str, None] = {}
+        self._inbox_overflow = False
+        self._wake = trio.Event()
+        self._planned = 0
+        self._skipped = 0
+        self._batches = 0
+        self._checkpoint: datetime | None = None
+
+    @property
+    def partition_id(self) -> int:
+        return self.fence.partition_id
+
+    def notify(self, schedule_id: str) -> None:
+        """A schedule of this partition changed; reload it before the next step."""
+        if len(self._inbox) >= INBOX_MAX:
+            self._inbox_overflow = True
+        else:
+            self._inbox[schedule_id] = None
+        self._wake.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+        """Load, then plan until cancelled; raises :class:`PartitionLost` on a rejected fence."""
+        await self._retry(self.load, "load")
+        task_status.started()
+        log.info("partition %d: planning %d schedules", self.partition_id, len(self._heap))
+        while True:
+            await self._monitor.wait_planning_allowed()
+            await self._retry(self.apply_changes, "apply changes")
+            planned = await self._retry(self.step, "plan")
+            if planned == 0:
+                await self._wait_for_work()
+
+    async def load(self) -> None:
+        """Read every schedule of the partition into the heap."""
+        self._heap = PlanHeap()
+        self._entries = {}
+        self._inbox.clear()
+        self._inbox_overflow = False
+        cursor: str | None = None
+        now = self._monitor.now()
+        while True:
+            page = await self._ledger.schedules_list(
+                SchedulesList(partition_id=self.partition_id, cursor=cursor, limit=LOAD_PAGE_SIZE)
+            )
+            for schedule in page.items:
+                self._track(schedule, now)
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+
+    async def apply_changes(self) -> None:
+        """Reload the schedules named by change notifications."""
+        if self._inbox_overflow:
+            await self.load()
+            return
+        while self._inbox:
+            schedule_id = next(iter(self._inbox))
+            try:
+                schedule = await self._ledger.schedules_get(schedule_id)
+            except NotFound:
+                self._forget(schedule_id)
+            else:
+                self._track(schedule, self._monitor.now())
+            del self._inbox[schedule_id]
+
+    async def step(self) -> int:
+        """Plan the fires due within the lookahead; returns how many schedules it handled."""
+        now = self._monitor.now()
+        until = now + timedelta(seconds=self.config.lookahead_s)
+        due = self._heap.pop_until(until, limit=self.config.batch_max)
+        if not due:
+            return 0
+        executions: list[PlannedExecution] = []
+        advances: list[ScheduleAdvance] = []
+        pushes: list[tuple[str, datetime]] = []
+        handled = 0
+        for at, ids in due:
+            for index, schedule_id in enumerate(ids):
+                if len(executions) >= self.config.batch_max:
+                    for rest in ids[index:]:
+                        self._heap.push(rest, at)
+                    break
+                entry = self._entries[schedule_id]
+                next_at = self._resolve(entry, at, now, executions)
+                advances.append(ScheduleAdvance(schedule_id, next_at, entry.schedule.version))
+                pushes.append((schedule_id, next_at))
+                handled += 1
+        next_instant = self._heap.next_instant()
+        checkpoint = until if next_instant is None or next_instant > until else due[-1][0]
+        try:
+            result = await self._ledger.executions_plan(
+                ExecutionsPlan(self.fence, executions, advances, checkpoint)
+            )
+        except BaseException:
+            # Nothing was written (or it will be re-planned idempotently): put them back.
+            for schedule_id, _ in pushes:
+                previous = self._entries[schedule_id].schedule.next_run_at
+                if previous is not None:
+                    self._heap.push(schedule_id, previous)
+            raise
+        stale = set(result.stale)
+        for schedule_id, next_at in pushes:
+            entry = self._entries[schedule_id]
+            entry.schedule = msgspec.structs.replace(entry.schedule, next_run_at=next_at)
+            self._heap.push(schedule_id, next_at)
+            if schedule_id in stale:
+                self.notify(schedule_id)
+        self._planned += sum(1 for e in executions if e.error_code is None)
+        self._skipped += sum(1 for e in executions if e.error_code is not None)
+        self._batches += 1
+        self._checkpoint = checkpoint
+        return handled
+
+    def statistics(self) -> PlannerStatistics:
+        return PlannerStatistics(
+            self.partition_id,
+            len(self._heap),
+            self._planned,
+            self._skipped,
+            self._batches,
+            self._checkpoint,
+            self._heap.next_instant(),
+        )
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _resolve(
+        self, entry: _Entry, at: datetime, now: datetime, executions: list[PlannedExecution]
+    ) -> datetime:
+        """Add the executions for ``entry``'s fire at ``at``; return its next fire."""
+        schedule = entry.schedule
+        if at >= now - timedelta(seconds=self.config.catchup_grace_s):
+            executions.append(
+                PlannedExecution(schedule.schedule_id, schedule.tenant_id, schedule.task_type, at)
+            )
+            return entry.timetable.next_fire(at).planned_at
+        result = catch_up(
+            entry.timetable,
+            at,
+            now,
+            policy=schedule.catch_up,
+            window_s=schedule.catch_up_window_s,
+            grace_s=self.config.catchup_grace_s,
+        )
+        if result.bulk_skipped is not None:
+            start, end = result.bulk_skipped
+            log.warning(
+                "partition %d: schedule %s missed too many fires; skipped %s..%s in bulk",
+                self.partition_id,
+                schedule.schedule_id,
+                start.isoformat(),
+                end.isoformat(),
+            )
+        for fire in result.fires:
+            executions.append(
+                PlannedExecution(
+                    schedule.schedule_id,
+                    schedule.tenant_id,
+                    schedule.task_type,
+                    fire.planned_at,
+                    fire.status,
+                    fire.reason,
+                    None if fire.reason is None else "missed while no node planned it",
+                )
+            )
+        return result.next_run_at
+
+    def _track(self, schedule: Schedule, now: datetime) -> None:
+        """Put ``schedule`` (as stored) into the heap, or take it out if disabled."""
+        if not schedule.enabled:
+            self._forget(schedule.schedule_id)
+            return
+        try:
+            timetable = self._cache.get(
+                schedule.cron_expr,
+                schedule.timezone,
+                dst_gap=schedule.dst_gap,
+                dst_overlap=schedule.dst_overlap,
+                schedule_id=schedule.schedule_id,
+            )
+        except ValidationError as exc:
+            log.error("schedule %s cannot be planned: %s", schedule.schedule_id, exc)
+            self._forget(schedule.schedule_id)
+            return
+        next_at = schedule.next_run_at
+        if next_at is None:
+            next_at = timetable.next_fire(now).planned_at
+            schedule = msgspec.structs.replace(schedule, next_run_at=next_at)
+        self._entries[schedule.schedule_id] = _Entry(schedule, timetable)
+        self._heap.push(schedule.schedule_id, next_at)
+
+    def _forget(self, schedule_id: str) -> None:
+        self._heap.remove(schedule_id)
+        self._entries.pop(schedule_id, None)
+
+    async def _wait_for_work(self) -> None:
+        next_instant = self._heap.next_instant()
+        wait_s = self.config.idle_wait_max_s
+        if next_instant is not None:
+            due_in = (next_instant - self._monitor.now()).total_seconds() - self.config.lookahead_s
+            wait_s = min(wait_s, max(due_in, 0.0))
+        with trio.move_on_after(wait_s):
+            await self._wake.wait()
+        self._wake = trio.Event()
+
+    async def _retry(self, call: Any, what: str) -> Any:
+        try:
+            return await retry_unavailable(
+                call, rng=self._rng, log=log, what=f"partition {self.partition_id} {what}"
+            )
+        except LeaseLost as exc:
+            raise PartitionLost(f"partition {self.partition_id}: {exc}") from exc

@@ -1,0 +1,104 @@
+"""Runs one planner per owned partition, and stops it the moment the partition is not ours.
+
+Each planner runs inside a cancel scope whose deadline is the lease's local trust window
+(moved on by every renewal), so a node that cannot renew stops planning *before* the lease
+can expire in the database. A dropped partition (lost, handed back, untrusted) cancels its
+scope at once. A planner whose fence is rejected drops its partition. Any other planner
+error escapes to the node's supervisor, which restarts this actor (and with it the planners)
+or stops the node if it keeps failing.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any
+
+import msgspec
+import trio
+
+from engine.actors.clock_monitor import ClockMonitor
+from engine.actors.partitions import OwnedPartition, PartitionTable
+from engine.actors.planner import PartitionLost, Planner, PlannerConfig, PlannerStatistics
+from engine.core.timetable import TimetableCache
+from engine.ledger.base import Ledger
+
+log = logging.getLogger("carillon.planners")
+
+
+class PlannerSupervisorStatistics(msgspec.Struct, frozen=True):
+    planners: list[PlannerStatistics]
+
+
+class PlannerSupervisor:
+    def __init__(
+        self,
+        config: PlannerConfig,
+        ledger: Ledger,
+        monitor: ClockMonitor,
+        cache: TimetableCache,
+        table: PartitionTable,
+        rng: random.Random,
+    ) -> None:
+        self.config = config
+        self._ledger = ledger
+        self._monitor = monitor
+        self._cache = cache
+        self._table = table
+        self._rng = rng
+        self._planners: dict[int, Planner] = {}
+        self._running: set[int] = set()
+        self._nursery: trio.Nursery | None = None
+
+    def notify(self, partition_id: int, schedule_id: str) -> None:
+        """Route a schedule change to the partition's planner, if this node runs one."""
+        planner = self._planners.get(partition_id)
+        if planner is not None:
+            planner.notify(schedule_id)
+
+    async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            while True:
+                self._start_missing()
+                await self._table.wait_changed()
+
+    def statistics(self) -> PlannerSupervisorStatistics:
+        return PlannerSupervisorStatistics(
+            [self._planners[p].statistics() for p in sorted(self._planners)]
+        )
+
+    def _start_missing(self) -> None:
+        assert self._nursery is not None
+        for partition_id in self._table:
+            if partition_id not in self._running:
+                owned = self._table.get(partition_id)
+                if owned is not None:
+                    self._running.add(partition_id)
+                    self._nursery.start_soon(self._run_partition, owned)
+
+    async def _run_partition(self, owned: OwnedPartition) -> None:
+        partition_id = owned.fence.partition_id
+        planner = Planner(
+            owned.fence, self.config, self._ledger, self._monitor, self._cache, self._rng
+        )
+        try:
+            with trio.CancelScope(deadline=owned.trusted_until) as scope:
+                owned.scope = scope
+                self._planners[partition_id] = planner
+                try:
+                    await planner.run()
+                except PartitionLost as exc:
+                    log.warning("%s; stopping its planner", exc)
+            if scope.cancelled_caught and owned.trusted_until <= trio.current_time():
+                log.warning("partition %d: trust window ended; planner stopped", partition_id)
+        finally:
+            owned.scope = None
+            self._planners.pop(partition_id, None)
+            self._running.discard(partition_id)
+            if self._table.get(partition_id) is owned:
+                self._table.drop(partition_id)
+            owned.stopped.set()
+            if self._nursery is not None and partition_id in self._table:
+                self._start_missing()  # re-acquired while this one was stopping

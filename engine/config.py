@@ -1,0 +1,102 @@
+"""The node's configuration: one frozen record, named defaults, validation with helpful messages.
+
+Values come from command-line flags, then ``CARILLON_*`` environment variables, then an
+optional TOML file, then the defaults below (first found wins); see ``engine/cli/run.py``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final
+
+import msgspec
+
+from engine.errors import ConfigError
+
+LEASE_TTL_S_DEFAULT: Final = 15.0
+LEASE_SAFETY_MARGIN_S_DEFAULT: Final = 2.0
+LOOKAHEAD_S_DEFAULT: Final = 5.0
+PLAN_BATCH_MAX_DEFAULT: Final = 5_000
+CLOCK_SKEW_BOUND_S_DEFAULT: Final = 2.0
+CLOCK_PROBE_INTERVAL_S_DEFAULT: Final = 5.0
+CHANGE_POLL_INTERVAL_S_DEFAULT: Final = 1.0
+SHUTDOWN_TIMEOUT_S_DEFAULT: Final = 10.0
+CATCHUP_GRACE_S_DEFAULT: Final = 60.0
+
+
+class LogFormat(enum.StrEnum):
+    HUMAN = "human"
+    JSON = "json"
+
+
+class LogLevel(enum.StrEnum):
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Everything a node needs to run. Durations are seconds (``_s``)."""
+
+    node_id: str
+    """Unique per process; two live processes never share one (the default adds randomness)."""
+    database_url: str | None = None
+    """``None``: resolve as documented in the README (env, local server, embedded)."""
+    region: str = "default"
+    lease_ttl_s: float = LEASE_TTL_S_DEFAULT
+    """How long a partition lease lasts in the database without renewal."""
+    lease_safety_margin_s: float = LEASE_SAFETY_MARGIN_S_DEFAULT
+    """A lease is trusted locally only until ``attempt start + ttl - margin``."""
+    lookahead_s: float = LOOKAHEAD_S_DEFAULT
+    """Fires due within this window are written to the ledger before they are due."""
+    plan_batch_max: int = PLAN_BATCH_MAX_DEFAULT
+    """Most executions one planner transaction writes."""
+    clock_skew_bound_s: float = CLOCK_SKEW_BOUND_S_DEFAULT
+    """Planning pauses while the local clock is further than this from the database's."""
+    clock_probe_interval_s: float = CLOCK_PROBE_INTERVAL_S_DEFAULT
+    change_poll_interval_s: float = CHANGE_POLL_INTERVAL_S_DEFAULT
+    """Longest wait for a schedule change notification before polling the feed anyway."""
+    catchup_grace_s: float = CATCHUP_GRACE_S_DEFAULT
+    """A fire less than this late is run normally; older ones follow the catch-up policy."""
+    shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S_DEFAULT
+    log_level: LogLevel = LogLevel.INFO
+    log_format: LogFormat = LogFormat.HUMAN
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not 1.0 <= self.lease_ttl_s <= 600.0:
+            problems.append(
+                f"lease_ttl_s must be between 1 and 600 seconds, got {self.lease_ttl_s}"
+            )
+        if not 0.0 < self.lease_safety_margin_s < self.lease_ttl_s / 3:
+            problems.append(
+                "lease_safety_margin_s must be positive and under a third of lease_ttl_s "
+                f"(ttl {self.lease_ttl_s}, margin {self.lease_safety_margin_s})"
+            )
+        if not 0.0 <= self.lookahead_s <= 300.0:
+            problems.append(f"lookahead_s must be between 0 and 300, got {self.lookahead_s}")
+        if not 1 <= self.plan_batch_max <= 10_000:
+            problems.append(
+                f"plan_batch_max must be between 1 and 10000, got {self.plan_batch_max}"
+            )
+        for name in (
+            "clock_skew_bound_s",
+            "clock_probe_interval_s",
+            "change_poll_interval_s",
+            "catchup_grace_s",
+            "shutdown_timeout_s",
+        ):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be positive, got {getattr(self, name)}")
+        if not self.node_id or len(self.node_id) > 128 or any(c.isspace() for c in self.node_id):
+            problems.append(
+                f"node_id must be 1-128 characters without spaces, got {self.node_id!r}"
+            )
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+    @property
+    def lease_renew_interval_s(self) -> float:
+        """Renew at about a third of the TTL, so two renewals can fail before expiry."""
+        return self.lease_ttl_s / 3

@@ -1,0 +1,453 @@
+"""The tables behind :class:`~engine.ledger.memory.MemoryLedger`, and its row transitions.
+
+Each table owns one kind of row and the indexes over it; the transition functions turn one
+execution row into its next state (the ledger state machine, one function per edge). The
+ledger composes both into transactions. Nothing here reads a clock (the ledger passes ``now``
+in) or iterates a set without sorting it first, so the same calls give the same results.
+
+Invariants
+----------
+* :class:`LeaseTable` has exactly one row per partition; a partition's fencing token only
+  grows, by one per acquisition.
+* :class:`ExecutionTable` indexes every stored execution by partition and by schedule, and
+  keeps a second per-partition index of the non-terminal ones (the dispatch queue), so the
+  hot paths (due, claim, re-queue) never scan terminal history.
+* :class:`ChangeFeed` numbers changes 1, 2, 3 ... in the order they are appended, which is
+  the order their transactions commit (the memory ledger runs one method at a time).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+
+import msgspec
+import trio
+
+from engine.errors import InvalidField, LeaseLost
+from engine.ledger.base import (
+    Attempt,
+    ChangeKind,
+    Completion,
+    Fence,
+    Outcome,
+    PlannedExecution,
+    ScheduleChange,
+    decode_cursor,
+)
+from engine.model import Execution, ExecutionStatus, Lease
+
+# --- validation helpers -------------------------------------------------------------------
+
+DURATION_S_MAX = 366 * 24 * 3600.0
+"""Longest lease, attempt lease or heartbeat TTL accepted (keeps expiry instants in range)."""
+
+
+def as_utc(value: datetime, *, field: str) -> datetime:
+    """``value`` converted to UTC; ``InvalidField`` if it is naive."""
+    if value.tzinfo is None:
+        raise InvalidField(f"{field} {value.isoformat()} has no UTC offset")
+    return value.astimezone(UTC)
+
+
+def as_utc_or_none(value: datetime | None, *, field: str) -> datetime | None:
+    return None if value is None else as_utc(value, field=field)
+
+
+def check_limit(limit: int, maximum: int, *, field: str = "limit") -> None:
+    """``InvalidField`` unless ``1 <= limit <= maximum``."""
+    if not 1 <= limit <= maximum:
+        raise InvalidField(f"{field} must be between 1 and {maximum}, got {limit}")
+
+
+def check_batch(rows: int, maximum: int, *, field: str) -> None:
+    """``InvalidField`` if a write carries more than ``maximum`` rows."""
+    if rows > maximum:
+        raise InvalidField(f"{field} carries {rows} rows; at most {maximum} per call")
+
+
+def seconds(value: float, *, field: str) -> timedelta:
+    """A positive duration of at most :data:`DURATION_S_MAX`; ``InvalidField`` otherwise."""
+    if not (math.isfinite(value) and 0 < value <= DURATION_S_MAX):
+        raise InvalidField(
+            f"{field} must be a positive number of seconds up to {DURATION_S_MAX:.0f}, got {value}"
+        )
+    return timedelta(seconds=value)
+
+
+def by_planned_time(execution: Execution) -> tuple[datetime, str]:
+    """The order every execution listing uses: planned time, then id."""
+    return execution.planned_at, execution.execution_id
+
+
+def partition_of_row(execution: Execution) -> int:
+    if execution.partition_id is None:
+        raise AssertionError(f"execution {execution.execution_id} was stored without a partition")
+    return execution.partition_id
+
+
+def decode_planned_cursor(cursor: str) -> tuple[datetime, str]:
+    """The ``(planned_at, execution_id)`` a query cursor resumes after."""
+    parts = decode_cursor(cursor)
+    if len(parts) != 2 or not all(isinstance(part, str) for part in parts):
+        raise InvalidField("the pagination cursor is malformed")
+    try:
+        planned_at = datetime.fromisoformat(parts[0])
+    except ValueError:
+        raise InvalidField("the pagination cursor is malformed") from None
+    if planned_at.tzinfo is None:
+        raise InvalidField("the pagination cursor is malformed")
+    return planned_at, parts[1]
+
+
+def decode_id_cursor(cursor: str) -> str:
+    """The id a listing cursor resumes after."""
+    parts = decode_cursor(cursor)
+    if len(parts) != 1 or not isinstance(parts[0], str):
+        raise InvalidField("the pagination cursor is malformed")
+    return parts[0]
+
+
+# --- execution transitions ------------------------------------------------------------------
+
+SCHEDULE_DELETED = "schedule_deleted"
+"""``error_code`` of executions skipped because their schedule was deleted."""
+OUTCOME_EXPIRED = "expired"
+"""Attempt outcome recorded when an attempt lease runs out."""
+
+
+def is_startable(execution: Execution, before: datetime) -> bool:
+    """Whether ``execution`` may start by ``before`` (the rule of ``executions_due``)."""
+    if execution.status is ExecutionStatus.QUEUED:
+        return execution.planned_at <= before
+    if execution.status is ExecutionStatus.FAILED:
+        return execution.not_before is not None and execution.not_before <= before
+    return False
+
+
+def attempt_expired(execution: Execution, now: datetime) -> bool:
+    """Whether ``execution`` is running on an attempt lease that has run out."""
+    expires_at = execution.attempt_expires_at
+    return (
+        execution.status is ExecutionStatus.RUNNING and expires_at is not None and expires_at <= now
+    )
+
+
+def planned(item: PlannedExecution, key: str, fence: Fence, now: datetime) -> Execution:
+    """A new row for a planned fire: queued, or skipped (terminal at once)."""
+    return Execution(
+        execution_id=key,
+        schedule_id=item.schedule_id,
+        tenant_id=item.tenant_id,
+        task_type=item.task_type,
+        planned_at=item.planned_at,
+        status=item.status,
+        enqueued_at=now,
+        finished_at=now if item.status is ExecutionStatus.SKIPPED else None,
+        error_code=item.error_code,
+        error_message=item.error_message,
+        fencing_token=fence.fencing_token,
+        partition_id=fence.partition_id,
+    )
+
+
+def claimed(execution: Execution, token: int, now: datetime, lease: timedelta) -> Execution:
+    """``queued``/``failed`` -> ``running`` under the next attempt number."""
+    return msgspec.structs.replace(
+        execution,
+        status=ExecutionStatus.RUNNING,
+        attempt=execution.attempt + 1,
+        started_at=now,
+        attempt_expires_at=now + lease,
+        not_before=None,
+        error_code=None,
+        error_message=None,
+        fencing_token=token,
+    )
+
+
+def finished(
+    execution: Execution, completion: Completion, token: int, now: datetime
+) -> tuple[Execution, Attempt]:
+    """``running`` -> the completion's outcome, with the attempt's history record."""
+    failed = completion.outcome is Outcome.FAILED
+    # A failure without a retry time may be retried at once.
+    not_before = (completion.not_before or now) if failed else None
+    row = msgspec.structs.replace(
+        execution,
+        status=ExecutionStatus(completion.outcome.value),
+        not_before=not_before,
+        finished_at=None if failed else now,
+        attempt_expires_at=None,
+        error_code=completion.error_code,
+        error_message=completion.error_message,
+        fencing_token=token,
+    )
+    attempt = Attempt(
+        attempt=execution.attempt,
+        outcome=completion.outcome.value,
+        started_at=execution.started_at,
+        finished_at=now,
+        error_code=completion.error_code,
+        error_message=completion.error_message,
+    )
+    return row, attempt
+
+
+def requeued(execution: Execution, token: int, now: datetime) -> tuple[Execution, Attempt]:
+    """``running`` with an expired attempt lease -> ``queued``; the attempt is ``expired``."""
+    row = msgspec.structs.replace(
+        execution,
+        status=ExecutionStatus.QUEUED,
+        attempt_expires_at=None,
+        fencing_token=token,
+    )
+    attempt = Attempt(
+        attempt=execution.attempt,
+        outcome=OUTCOME_EXPIRED,
+        started_at=execution.started_at,
+        finished_at=now,
+    )
+    return row, attempt
+
+
+def replayed(execution: Execution, now: datetime) -> Execution:
+    """``dead-letter`` -> ``queued`` under the same id; the history keeps the errors."""
+    return msgspec.structs.replace(
+        execution,
+        status=ExecutionStatus.QUEUED,
+        enqueued_at=now,
+        not_before=None,
+        finished_at=None,
+        error_code=None,
+        error_message=None,
+    )
+
+
+def skipped_by_delete(execution: Execution, now: datetime) -> Execution:
+    """Not yet started (``queued``/``failed``) -> ``skipped`` because the schedule went."""
+    return msgspec.structs.replace(
+        execution,
+        status=ExecutionStatus.SKIPPED,
+        error_code=SCHEDULE_DELETED,
+        error_message="its schedule was deleted before it started",
+        not_before=None,
+        finished_at=now,
+    )
+
+
+# --- leases ---------------------------------------------------------------------------------
+
+
+class LeaseTable:
+    """One lease row per partition, and the fence check every ownership write goes through."""
+
+    def __init__(self, partition_count: int) -> None:
+        self._rows: dict[int, Lease] = {
+            partition: Lease(
+                partition_id=partition, owner_id=None, fencing_token=0, expires_at=None
+            )
+            for partition in range(partition_count)
+        }
+
+    def rows(self) -> list[Lease]:
+        return [self._rows[partition] for partition in sorted(self._rows)]
+
+    def holds(self, fence: Fence, now: datetime) -> bool:
+        """Whether ``fence`` names the current owner and token of a lease live at ``now``."""
+        row = self._rows.get(fence.partition_id)
+        return (
+            row is not None
+            and row.owner_id == fence.owner_id
+            and row.fencing_token == fence.fencing_token
+            and row.expires_at is not None
+            and row.expires_at > now
+        )
+
+    def require(self, fences: Iterable[Fence], now: datetime) -> dict[int, int]:
+        """Each fenced partition's token; ``LeaseLost`` naming every fence that fails."""
+        fences = list(fences)
+        lost = sorted({fence.partition_id for fence in fences if not self.holds(fence, now)})
+        if lost:
+            raise LeaseLost(
+                f"the lease of partition(s) {lost} is not held by the caller with its "
+                "fencing token (taken over, released or expired); stop acting on them",
+                partitions=tuple(lost),
+            )
+        return {fence.partition_id: fence.fencing_token for fence in fences}
+
+    def check_partitions(self, partition_ids: Iterable[int]) -> list[int]:
+        """The distinct ids, sorted; ``InvalidField`` for one outside the cluster."""
+        distinct = sorted(set(partition_ids))
+        unknown = [p for p in distinct if p not in self._rows]
+        if unknown:
+            raise InvalidField(
+                f"partition(s) {unknown} do not exist; this cluster has partitions "
+                f"0-{len(self._rows) - 1}"
+            )
+        return distinct
+
+    def acquire(
+        self, owner_id: str, partition_ids: list[int], ttl: timedelta, now: datetime
+    ) -> list[Lease]:
+        acquired = []
+        for partition in partition_ids:
+            row = self._rows[partition]
+            if row.owner_id is not None and row.expires_at is not None and row.expires_at > now:
+                continue
+            row = Lease(
+                partition_id=partition,
+                owner_id=owner_id,
+                fencing_token=row.fencing_token + 1,
+                expires_at=now + ttl,
+            )
+            self._rows[partition] = row
+            acquired.append(row)
+        return acquired
+
+    def renew(self, fences: list[Fence], ttl: timedelta, now: datetime) -> list[Lease]:
+        held = {fence.partition_id: fence for fence in fences if self.holds(fence, now)}
+        for partition in sorted(held):
+            self._rows[partition] = Lease(
+                partition_id=partition,
+                owner_id=held[partition].owner_id,
+                fencing_token=held[partition].fencing_token,
+                expires_at=now + ttl,
+            )
+        return [self._rows[partition] for partition in sorted(held)]
+
+    def release(self, fences: list[Fence], now: datetime) -> int:
+        held = {fence.partition_id: fence for fence in fences if self.holds(fence, now)}
+        for partition in sorted(held):
+            self._rows[partition] = Lease(
+                partition_id=partition,
+                owner_id=None,
+                fencing_token=held[partition].fencing_token,
+                expires_at=None,
+            )
+        return len(held)
+
+
+# --- executions -----------------------------------------------------------------------------
+
+
+class ExecutionTable:
+    """Executions by id, their attempt histories, and the indexes the ledger scans."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, Execution] = {}
+        self._attempts: dict[str, list[Attempt]] = {}
+        self._by_partition: dict[int, set[str]] = {}
+        self._open_by_partition: dict[int, set[str]] = {}
+        self._by_schedule: dict[str, set[str]] = {}
+        self._order: list[str] | None = None
+        """Every id by (planned_at, id), kept until an id is added or removed (a row's
+        planned time never changes, so replacing a row keeps the order)."""
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def get(self, execution_id: str) -> Execution | None:
+        return self._rows.get(execution_id)
+
+    def attempts(self, execution_id: str) -> list[Attempt]:
+        return list(self._attempts.get(execution_id, ()))
+
+    def put(self, execution: Execution, attempt: Attempt | None = None) -> None:
+        """Insert or replace ``execution``; append ``attempt`` to its history if given."""
+        key = execution.execution_id
+        partition = partition_of_row(execution)
+        previous = self._rows.get(key)
+        if previous is not None and partition_of_row(previous) != partition:
+            raise AssertionError(f"execution {key} cannot move between partitions")
+        if previous is None:
+            self._order = None
+        self._rows[key] = execution
+        self._by_partition.setdefault(partition, set()).add(key)
+        self._by_schedule.setdefault(execution.schedule_id, set()).add(key)
+        open_ids = self._open_by_partition.setdefault(partition, set())
+        if execution.status.is_terminal:
+            open_ids.discard(key)
+        else:
+            open_ids.add(key)
+        if attempt is not None:
+            self._attempts.setdefault(key, []).append(attempt)
+
+    def delete(self, execution_id: str) -> None:
+        """Remove an execution and its attempt history."""
+        execution = self._rows.pop(execution_id)
+        self._order = None
+        partition = partition_of_row(execution)
+        self._attempts.pop(execution_id, None)
+        self._by_partition[partition].discard(execution_id)
+        self._open_by_partition[partition].discard(execution_id)
+        self._by_schedule[execution.schedule_id].discard(execution_id)
+
+    def open_in(self, partition_ids: Iterable[int]) -> list[Execution]:
+        """Non-terminal executions of the partitions, by planned time then id."""
+        return self._sorted(
+            key
+            for partition in set(partition_ids)
+            for key in self._open_by_partition.get(partition, ())
+        )
+
+    def in_partition(self, partition_id: int) -> list[Execution]:
+        return self._sorted(self._by_partition.get(partition_id, ()))
+
+    def of_schedule(self, schedule_id: str) -> list[Execution]:
+        return self._sorted(self._by_schedule.get(schedule_id, ()))
+
+    def everything(self) -> list[Execution]:
+        if self._order is None:
+            self._order = [row.execution_id for row in self._sorted(self._rows)]
+        return [self._rows[key] for key in self._order]
+
+    def _sorted(self, keys: Iterable[str]) -> list[Execution]:
+        return sorted((self._rows[key] for key in keys), key=by_planned_time)
+
+
+# --- schedule change feed -------------------------------------------------------------------
+
+
+class ChangeFeed:
+    """The append-only schedule change log, and the event its waiters park on."""
+
+    def __init__(self) -> None:
+        self._changes: list[ScheduleChange] = []
+        self._appended = trio.Event()
+
+    @property
+    def last_seq(self) -> int:
+        return len(self._changes)
+
+    def append(
+        self, schedule_id: str, partition_id: int, kind: ChangeKind, version: int
+    ) -> ScheduleChange:
+        change = ScheduleChange(
+            seq=len(self._changes) + 1,
+            schedule_id=schedule_id,
+            partition_id=partition_id,
+            kind=kind,
+            version=version,
+        )
+        self._changes.append(change)
+        # Wake everyone parked on the current event; later waiters park on a fresh one.
+        self._appended.set()
+        self._appended = trio.Event()
+        return change
+
+    def since(self, after_seq: int, limit: int) -> list[ScheduleChange]:
+        # seq n lives at index n - 1, so the changes after ``after_seq`` start at that index.
+        start = max(after_seq, 0)
+        return self._changes[start : start + limit]
+
+    async def wait_after(self, after_seq: int, timeout_s: float) -> bool:
+        """``True`` once a change newer than ``after_seq`` exists, ``False`` on timeout."""
+        if self.last_seq > after_seq:
+            return True
+        appended = self._appended
+        with trio.move_on_after(timeout_s):
+            await appended.wait()
+            return True
+        return False

@@ -1,0 +1,480 @@
+"""The ledger protocol: the only way the engine reads or writes durable state.
+
+The docstrings of :class:`Ledger` are the contract. Two implementations honour it and pass
+the same contract suite (``tests/ledger/test_contract.py``): :class:`~engine.ledger.memory.
+MemoryLedger` (deterministic, for unit tests and simulations) and :class:`~engine.ledger.
+postgres.PostgresLedger` (the product). A semantic change lands in the contract suite first.
+
+Design
+------
+* **Time.** Every expiry (leases, attempt leases, heartbeats) is judged by the ledger's own
+  clock -- ``now()`` in Postgres, the injected clock in memory -- never by a node's clock.
+* **Fencing.** Every write that depends on owning a partition takes :class:`Fence` objects
+  (partition, owner, token). It is applied only if, *for every fence*, the lease row has that
+  owner and token and has not expired; otherwise nothing changes and :class:`~engine.errors.
+  LeaseLost` is raised naming the lost partitions. The caller must stop acting on them.
+* **Idempotency.** Execution ids are deterministic (``scheduleId:plannedAt``); planning the
+  same fire twice inserts one row; completing with a stale attempt number changes nothing.
+  So any write whose reply was lost (commit-unknown) may simply be retried.
+* **Atomicity.** Each method is one transaction: all of its rows change, or none do.
+* **Availability.** An unreachable, restarting or timed-out database raises
+  :class:`~engine.errors.LedgerUnavailable`; callers retry with bounded backoff.
+* **Bounds.** Every batch has a limit (:data:`BATCH_ROWS_MAX`, page sizes); asking for more
+  raises :class:`~engine.errors.InvalidField`.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any, Final, Generic, Protocol, TypeVar
+
+import msgspec
+
+from engine.model import (
+    Execution,
+    ExecutionStatus,
+    Lease,
+    PlannerCheckpoint,
+    Schedule,
+)
+
+BATCH_ROWS_MAX: Final = 10_000
+"""Most rows one write call may carry."""
+PAGE_SIZE_MAX: Final = 1_000
+"""Most rows one read call returns."""
+
+T = TypeVar("T")
+
+
+class Fence(msgspec.Struct, frozen=True):
+    """Proof of ownership carried by every ownership-dependent write."""
+
+    partition_id: int
+    owner_id: str
+    fencing_token: int
+
+
+class Page(msgspec.Struct, Generic[T], frozen=True):
+    """One page of a listing; pass ``next_cursor`` back to get the next (``None``: no more)."""
+
+    items: list[T]
+    next_cursor: str | None
+
+
+class ClusterSettings(msgspec.Struct, frozen=True):
+    """Settings fixed or changed only by administrative commands."""
+
+    partition_count: int
+    active_region: str
+    region_epoch: int
+
+
+class NodeInfo(msgspec.Struct, frozen=True):
+    """A node's membership row."""
+
+    node_id: str
+    region: str
+    started_at: datetime
+    last_seen_at: datetime
+    expires_at: datetime
+
+
+class ChangeKind(enum.StrEnum):
+    CREATED = "created"
+    UPDATED = "updated"
+    DELETED = "deleted"
+
+
+class ScheduleChange(msgspec.Struct, frozen=True):
+    """One entry of the schedule change feed; ``seq`` increases in commit order."""
+
+    seq: int
+    schedule_id: str
+    partition_id: int
+    kind: ChangeKind
+    version: int
+
+
+class Attempt(msgspec.Struct, frozen=True):
+    """One finished (or abandoned) attempt of an execution."""
+
+    attempt: int
+    outcome: str
+    """``succeeded``, ``failed``, ``dead-letter``, ``skipped`` or ``expired`` (lease ran out)."""
+    started_at: datetime | None
+    finished_at: datetime
+    error_code: str | None = None
+    error_message: str | None = None
+
+
+class ExecutionDetail(msgspec.Struct, frozen=True):
+    execution: Execution
+    attempts: list[Attempt]
+
+
+# --- parameters, one object per call ----------------------------------------------------
+
+
+class SchedulesCreate(msgspec.Struct, frozen=True):
+    """Create schedules. ``version`` and ``partition_id`` of the inputs are ignored."""
+
+    schedules: list[Schedule]
+
+
+class SchedulesUpdate(msgspec.Struct, frozen=True):
+    """Replace a schedule's user fields if its current version is ``expected_version``."""
+
+    schedule: Schedule
+    expected_version: int
+
+
+class SchedulesDelete(msgspec.Struct, frozen=True):
+    schedule_id: str
+    expected_version: int | None = None
+
+
+class SchedulesList(msgspec.Struct, frozen=True):
+    tenant_id: str | None = None
+    task_type: str | None = None
+    enabled: bool | None = None
+    partition_id: int | None = None
+    cursor: str | None = None
+    limit: int = 100
+
+
+class ScheduleChangesSince(msgspec.Struct, frozen=True):
+    after_seq: int
+    limit: int = PAGE_SIZE_MAX
+
+
+class LeasesAcquire(msgspec.Struct, frozen=True):
+    owner_id: str
+    partition_ids: list[int]
+    ttl_s: float
+
+
+class LeasesRenew(msgspec.Struct, frozen=True):
+    fences: list[Fence]
+    ttl_s: float
+
+
+class LeasesRelease(msgspec.Struct, frozen=True):
+    fences: list[Fence]
+
+
+class NodesHeartbeat(msgspec.Struct, frozen=True):
+    node_id: str
+    region: str
+    ttl_s: float
+
+
+class PlannedExecution(msgspec.Struct, frozen=True):
+    """A fire to record. ``status`` is ``queued``, or ``skipped`` with an ``error_code``."""
+
+    schedule_id: str
+    tenant_id: str
+    task_type: str
+    planned_at: datetime
+    status: ExecutionStatus = ExecutionStatus.QUEUED
+    error_code: str | None = None
+    error_message: str | None = None
+
+
+class ScheduleAdvance(msgspec.Struct, frozen=True):
+    """Move ``next_run_at`` of a schedule, if it is still at ``expected_version``."""
+
+    schedule_id: str
+    next_run_at: datetime | None
+    expected_version: int
+
+
+class ExecutionsPlan(msgspec.Struct, frozen=True):
+    fence: Fence
+    executions: list[PlannedExecution]
+    advances: list[ScheduleAdvance]
+    checkpoint: datetime | None = None
+
+
+class PlanResult(msgspec.Struct, frozen=True):
+    inserted: list[str]
+    """Ids of executions newly inserted (already present ones are not repeated here)."""
+    advanced: list[str]
+    """Schedule ids whose ``next_run_at`` moved."""
+    stale: list[str]
+    """Schedule ids not advanced: updated, deleted or moved since the planner read them."""
+
+
+class ExecutionsDue(msgspec.Struct, frozen=True):
+    partition_ids: list[int]
+    before: datetime
+    limit: int = PAGE_SIZE_MAX
+
+
+class ExecutionsClaim(msgspec.Struct, frozen=True):
+    fences: list[Fence]
+    execution_ids: list[str]
+    attempt_lease_s: float
+    node_id: str
+
+
+class Outcome(enum.StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    DEAD_LETTER = "dead-letter"
+    SKIPPED = "skipped"
+
+
+class Completion(msgspec.Struct, frozen=True):
+    execution_id: str
+    attempt: int
+    outcome: Outcome
+    not_before: datetime | None = None
+    """For ``failed``: when the retry may start."""
+    error_code: str | None = None
+    error_message: str | None = None
+
+
+class ExecutionsComplete(msgspec.Struct, frozen=True):
+    fences: list[Fence]
+    completions: list[Completion]
+
+
+class CompleteResult(msgspec.Struct, frozen=True):
+    applied: list[str]
+    stale: list[str]
+    """Not applied: not running, or running under another attempt number."""
+
+
+class ExecutionsRequeueExpired(msgspec.Struct, frozen=True):
+    fences: list[Fence]
+    limit: int = BATCH_ROWS_MAX
+
+
+class ExecutionsQuery(msgspec.Struct, frozen=True):
+    schedule_id: str | None = None
+    tenant_id: str | None = None
+    status: ExecutionStatus | None = None
+    planned_from: datetime | None = None
+    planned_to: datetime | None = None
+    """Exclusive."""
+    cursor: str | None = None
+    limit: int = 100
+
+
+class DeadLettersReplay(msgspec.Struct, frozen=True):
+    execution_ids: list[str]
+
+
+class ExecutionsPurge(msgspec.Struct, frozen=True):
+    fence: Fence
+    finished_before: datetime
+    limit: int = BATCH_ROWS_MAX
+
+
+# --- the protocol -----------------------------------------------------------------------
+
+
+class Ledger(Protocol):
+    """Durable schedules, leases and executions. Every method is one transaction."""
+
+    # cluster ------------------------------------------------------------------------------
+
+    async def database_now(self) -> datetime:
+        """The ledger's clock (aware UTC): the only clock expiries are judged by."""
+        ...
+
+    async def cluster_get(self) -> ClusterSettings:
+        """Partition count, active region and region epoch."""
+        ...
+
+    # schedules ----------------------------------------------------------------------------
+
+    async def schedules_create(self, params: SchedulesCreate) -> list[Schedule]:
+        """Insert schedules, all or none.
+
+        Each gets ``version`` 1 -- or, for a deleted id created again, one more than its last
+        version, so that a planner still holding the old incarnation cannot advance the new
+        one --, ``partition_id = partition_of(id, partition_count)`` and
+        ``updated_at`` = ledger now; ``next_run_at`` is stored as given. A change of kind
+        ``created`` is appended to the feed for each. Errors: ``AlreadyExists`` naming the
+        ids that exist (not deleted); ``InvalidField`` for a payload over
+        ``PAYLOAD_BYTES_MAX`` or more than :data:`BATCH_ROWS_MAX` schedules. A deleted
+        schedule's id may be created again (its old executions keep their ids).
+        """
+        ...
+
+    async def schedules_update(self, params: SchedulesUpdate) -> Schedule:
+        """Replace the user fields of a schedule and increment ``version``.
+
+        Applied only if the stored version equals ``expected_version``: otherwise
+        ``VersionConflict`` (someone else updated first) and nothing changes. ``NotFound``
+        if absent or deleted. ``next_run_at`` is stored as given (the caller recomputes it
+        when the expression changes). Appends an ``updated`` change.
+        """
+        ...
+
+    async def schedules_delete(self, params: SchedulesDelete) -> Schedule:
+        """Delete a schedule; returns it as it was.
+
+        In the same transaction every execution of it that has not started (``queued``, or
+        ``failed`` awaiting a retry) becomes ``skipped`` with ``error_code`` =
+        ``schedule_deleted``; running attempts finish normally; history stays. Planning
+        never inserts executions for a deleted schedule. ``NotFound`` if absent;
+        ``VersionConflict`` if ``expected_version`` is given and differs. Appends a
+        ``deleted`` change.
+        """
+        ...
+
+    async def schedules_get(self, schedule_id: str) -> Schedule:
+        """The schedule; ``NotFound`` if absent or deleted."""
+        ...
+
+    async def schedules_list(self, params: SchedulesList) -> Page[Schedule]:
+        """Schedules matching every given filter, ordered by id, at most ``limit``
+        (<= :data:`PAGE_SIZE_MAX`); deleted ones are never listed."""
+        ...
+
+    async def schedule_changes(self, params: ScheduleChangesSince) -> list[ScheduleChange]:
+        """Changes with ``seq > after_seq`` in ``seq`` order, at most ``limit``.
+
+        ``seq`` follows commit order: once a change with ``seq`` s is returned, no change
+        with a smaller ``seq`` can appear later, so a reader may keep the last ``seq`` as its
+        watermark.
+        """
+        ...
+
+    async def schedule_changes_head(self) -> int:
+        """The ``seq`` of the newest change (0 if none): a reader starting now begins there."""
+        ...
+
+    async def schedule_changes_wait(self, after_seq: int, timeout_s: float) -> bool:
+        """Wait until a change newer than ``after_seq`` may exist, or ``timeout_s`` passes.
+
+        Returns ``True`` when woken by a change (LISTEN/NOTIFY on Postgres), ``False`` on
+        timeout. Spurious wake-ups are allowed; callers re-read :meth:`schedule_changes`.
+        """
+        ...
+
+    # leases and membership -------------------------------------------------------------------
+
+    async def leases_acquire(self, params: LeasesAcquire) -> list[Lease]:
+        """Take the listed partitions that are free or expired.
+
+        Each acquisition increments the partition's fencing token (tokens are never reused)
+        and sets ``expires_at`` = now + ``ttl_s``. Partitions held by a live owner --
+        including the caller -- are left alone and not returned.
+        """
+        ...
+
+    async def leases_renew(self, params: LeasesRenew) -> list[Lease]:
+        """Extend the leases whose fence still holds (owner, token, not expired) to
+        now + ``ttl_s``; returns those. A fence missing from the result is lost."""
+        ...
+
+    async def leases_release(self, params: LeasesRelease) -> int:
+        """Give up the leases whose fence still holds (owner cleared, token kept); returns
+        how many were released. Others take them over at once, without waiting for expiry."""
+        ...
+
+    async def leases_list(self) -> list[Lease]:
+        """Every partition's lease row, by partition id."""
+        ...
+
+    async def nodes_heartbeat(self, params: NodesHeartbeat) -> NodeInfo:
+        """Record that a node is alive until now + ``ttl_s``."""
+        ...
+
+    async def nodes_live(self) -> list[NodeInfo]:
+        """Nodes whose heartbeat has not expired, by node id."""
+        ...
+
+    async def nodes_leave(self, node_id: str) -> None:
+        """Remove a node's membership row (graceful shutdown)."""
+        ...
+
+    # planning -------------------------------------------------------------------------------
+
+    async def checkpoints_get(self, partition_ids: list[int]) -> list[PlannerCheckpoint]:
+        """The checkpoints of the listed partitions that have one."""
+        ...
+
+    async def executions_plan(self, params: ExecutionsPlan) -> PlanResult:
+        """One fenced transaction for a planner batch.
+
+        Inserts the executions (``ON CONFLICT DO NOTHING`` on the id; skipped for schedules
+        that are deleted), moves each schedule's ``next_run_at`` if it is still at the
+        expected version, and moves the partition checkpoint forward to ``checkpoint``
+        (never backward). Every schedule named must belong to the fenced partition
+        (``InvalidField`` otherwise). ``LeaseLost`` if the fence does not hold.
+        """
+        ...
+
+    # execution ------------------------------------------------------------------------------
+
+    async def executions_due(self, params: ExecutionsDue) -> list[Execution]:
+        """Executions of the partitions that may start by ``before``: ``queued`` with
+        ``planned_at <= before``, or ``failed`` with ``not_before <= before``; ordered by
+        planned time, then id; at most ``limit``."""
+        ...
+
+    async def executions_claim(self, params: ExecutionsClaim) -> list[Execution]:
+        """Start the listed executions that are startable now (as in :meth:`executions_due`
+        with ``before`` = ledger now): status ``running``, ``attempt`` + 1, ``started_at``
+        = now, attempt lease until now + ``attempt_lease_s``. Others are left alone and not
+        returned. Fenced: ``LeaseLost`` if any fence fails, and every id must belong to a
+        fenced partition (``InvalidField`` otherwise)."""
+        ...
+
+    async def executions_complete(self, params: ExecutionsComplete) -> CompleteResult:
+        """Finish attempts, guarded by attempt number.
+
+        A completion applies only if the execution is ``running`` with that ``attempt``:
+        ``succeeded``/``dead-letter``/``skipped`` are terminal (``finished_at`` = now);
+        ``failed`` waits for ``not_before``. Each applied completion is added to the attempt
+        history. Others are returned as ``stale``. Fenced like claim.
+        """
+        ...
+
+    async def executions_requeue_expired(self, params: ExecutionsRequeueExpired) -> list[str]:
+        """Put ``running`` executions whose attempt lease has expired back to ``queued``
+        (the attempt is recorded as ``expired``); returns their ids. Fenced."""
+        ...
+
+    async def executions_get(self, execution_id: str) -> ExecutionDetail:
+        """An execution with its attempt history; ``NotFound`` if absent."""
+        ...
+
+    async def executions_query(self, params: ExecutionsQuery) -> Page[Execution]:
+        """Executions matching every given filter, ordered by (planned_at, id)."""
+        ...
+
+    async def dead_letters_replay(self, params: DeadLettersReplay) -> list[str]:
+        """Put dead letters back to ``queued`` under the same id (history kept; the next
+        claim starts the next attempt number); returns the ids replayed. Others are
+        ignored."""
+        ...
+
+    async def executions_purge(self, params: ExecutionsPurge) -> int:
+        """Delete up to ``limit`` succeeded or skipped executions of the fenced partition
+        that finished before ``finished_before`` (with their history); returns how many.
+        Dead letters are kept until replayed. Fenced."""
+        ...
+
+
+def encode_cursor(*parts: Any) -> str:
+    """An opaque pagination cursor."""
+    return msgspec.json.encode(list(parts)).hex()
+
+
+def decode_cursor(cursor: str) -> list[Any]:
+    """The parts of a cursor made by :func:`encode_cursor`; ``InvalidField`` if forged."""
+    from engine.errors import InvalidField
+
+    try:
+        parts = msgspec.json.decode(bytes.fromhex(cursor))
+    except (ValueError, msgspec.DecodeError):
+        raise InvalidField("the pagination cursor is malformed") from None
+    if not isinstance(parts, list):
+        raise InvalidField("the pagination cursor is malformed")
+    return parts

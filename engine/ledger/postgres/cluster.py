@@ -1,0 +1,129 @@
+"""Cluster settings, partition leases, node membership and planner checkpoints (asyncio side).
+
+Lease expiry and heartbeats are judged by the server's ``now()`` only. Lease rows are locked
+in partition order by every statement that locks several (see :mod:`~engine.ledger.
+postgres.sql`), so renewals never deadlock with the same node's fenced writes.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from engine.errors import ConfigError, InvalidField
+from engine.ledger.base import (
+    ClusterSettings,
+    LeasesAcquire,
+    LeasesRelease,
+    LeasesRenew,
+    NodeInfo,
+    NodesHeartbeat,
+)
+from engine.ledger.postgres import sql
+from engine.ledger.postgres.rows import (
+    check_duration,
+    check_not_empty,
+    checkpoint_from_row,
+    lease_from_row,
+    node_from_row,
+    unique,
+)
+from engine.ledger.postgres.store import Store
+from engine.model import Lease, PlannerCheckpoint
+
+
+async def database_now(store: Store, _: None) -> datetime:
+    async with store.connection() as connection:
+        now: datetime = await connection.fetchval(sql.DATABASE_NOW)
+    return now
+
+
+async def cluster_get(store: Store, _: None) -> ClusterSettings:
+    async with store.connection() as connection:
+        row = await connection.fetchrow(sql.CLUSTER_GET)
+    if row is None:
+        raise ConfigError("the cluster settings are missing; run `carillon migrate`")
+    return ClusterSettings(
+        partition_count=row["partition_count"],
+        active_region=row["active_region"],
+        region_epoch=row["region_epoch"],
+    )
+
+
+async def leases_acquire(store: Store, params: LeasesAcquire) -> list[Lease]:
+    check_not_empty(params.owner_id, field="owner_id")
+    ttl_s = check_duration(params.ttl_s, field="ttl_s")
+    partitions = sorted(set(params.partition_ids))
+    unknown = [p for p in partitions if not 0 <= p < store.partition_count]
+    if unknown:
+        raise InvalidField(
+            f"partition(s) {unknown} do not exist; this cluster has partitions "
+            f"0-{store.partition_count - 1}"
+        )
+    if not partitions:
+        return []
+    async with store.connection() as connection:
+        rows = await connection.fetch(sql.LEASES_ACQUIRE, partitions, params.owner_id, ttl_s)
+    return sorted((lease_from_row(row) for row in rows), key=_by_partition)
+
+
+async def leases_renew(store: Store, params: LeasesRenew) -> list[Lease]:
+    ttl_s = check_duration(params.ttl_s, field="ttl_s")
+    if not params.fences:
+        return []
+    async with store.connection() as connection:
+        rows = await connection.fetch(sql.LEASES_RENEW, *_fence_columns(params), ttl_s)
+    return sorted((lease_from_row(row) for row in rows), key=_by_partition)
+
+
+async def leases_release(store: Store, params: LeasesRelease) -> int:
+    if not params.fences:
+        return 0
+    async with store.connection() as connection:
+        rows = await connection.fetch(sql.LEASES_RELEASE, *_fence_columns(params))
+    return len(rows)
+
+
+async def leases_list(store: Store, _: None) -> list[Lease]:
+    async with store.connection() as connection:
+        rows = await connection.fetch(sql.LEASES_LIST)
+    return [lease_from_row(row) for row in rows]
+
+
+async def nodes_heartbeat(store: Store, params: NodesHeartbeat) -> NodeInfo:
+    check_not_empty(params.node_id, field="node_id")
+    ttl_s = check_duration(params.ttl_s, field="ttl_s")
+    async with store.connection() as connection:
+        row = await connection.fetchrow(sql.NODES_HEARTBEAT, params.node_id, params.region, ttl_s)
+    return node_from_row(row)
+
+
+async def nodes_live(store: Store, _: None) -> list[NodeInfo]:
+    async with store.connection() as connection:
+        rows = await connection.fetch(sql.NODES_LIVE)
+    return [node_from_row(row) for row in rows]
+
+
+async def nodes_leave(store: Store, node_id: str) -> None:
+    async with store.connection() as connection:
+        await connection.execute(sql.NODES_LEAVE, node_id)
+
+
+async def checkpoints_get(store: Store, partition_ids: list[int]) -> list[PlannerCheckpoint]:
+    if not partition_ids:
+        return []
+    async with store.connection() as connection:
+        rows = await connection.fetch(sql.CHECKPOINTS_GET, unique(partition_ids))
+    return [checkpoint_from_row(row) for row in rows]
+
+
+def _fence_columns(params: LeasesRenew | LeasesRelease) -> tuple[list[int], list[str], list[int]]:
+    fences = params.fences
+    return (
+        [fence.partition_id for fence in fences],
+        [fence.owner_id for fence in fences],
+        [fence.fencing_token for fence in fences],
+    )
+
+
+def _by_partition(lease: Lease) -> int:
+    return lease.partition_id

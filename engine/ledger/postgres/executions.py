@@ -1,0 +1,319 @@
+"""Planning and execution operations (asyncio side; one coroutine per ledger method).
+
+Every ownership-dependent operation opens its transaction with
+:func:`~engine.ledger.postgres.fencing.require_fences`, so it either runs entirely under
+valid leases or changes nothing. Ids are checked against the fenced partitions in Python
+first (``partition_of`` of the schedule id, the part of an execution id before its first
+colon), so a misrouted id is refused before any round trip.
+
+Results list ids in the order the caller gave them, without repeats.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+
+from engine.core.hashing import partition_of
+from engine.core.instants import format_utc, parse_instant
+from engine.errors import InvalidField, NotFound
+from engine.ledger.base import (
+    BATCH_ROWS_MAX,
+    PAGE_SIZE_MAX,
+    CompleteResult,
+    DeadLettersReplay,
+    ExecutionDetail,
+    ExecutionsClaim,
+    ExecutionsComplete,
+    ExecutionsDue,
+    ExecutionsPlan,
+    ExecutionsPurge,
+    ExecutionsQuery,
+    ExecutionsRequeueExpired,
+    Fence,
+    Outcome,
+    Page,
+    PlanResult,
+    ScheduleAdvance,
+    decode_cursor,
+    encode_cursor,
+)
+from engine.ledger.postgres import sql
+from engine.ledger.postgres.fencing import require_fences
+from engine.ledger.postgres.rows import (
+    attempt_from_row,
+    aware,
+    aware_or_none,
+    check_batch,
+    check_duration,
+    check_limit,
+    execution_from_row,
+    in_order,
+    unique,
+)
+from engine.ledger.postgres.store import Store
+from engine.model import Execution, ExecutionStatus, execution_id, parse_execution_id
+
+_PLANNABLE = frozenset({ExecutionStatus.QUEUED, ExecutionStatus.SKIPPED})
+
+
+async def executions_plan(store: Store, params: ExecutionsPlan) -> PlanResult:
+    fence, planned, advances = params.fence, params.executions, params.advances
+    check_batch(planned, BATCH_ROWS_MAX, what="executions")
+    check_batch(advances, BATCH_ROWS_MAX, what="schedule advances")
+    named = [p.schedule_id for p in planned] + [a.schedule_id for a in advances]
+    _check_partition(named, {fence.partition_id}, store.partition_count, what="schedule")
+    for fire in planned:
+        aware(fire.planned_at, field="planned_at")
+        if fire.status not in _PLANNABLE:
+            raise InvalidField(f"a planned execution is queued or skipped, not {fire.status}")
+        if fire.status == ExecutionStatus.SKIPPED and fire.error_code is None:
+            raise InvalidField("a skipped execution must carry an error_code saying why")
+    for advance in advances:
+        aware_or_none(advance.next_run_at, field="next_run_at")
+    checkpoint = aware_or_none(params.checkpoint, field="checkpoint")
+    ids = [execution_id(fire.schedule_id, fire.planned_at) for fire in planned]
+
+    inserted: list[str] = []
+    async with store.transaction() as connection:
+        await require_fences(connection, [fence])
+        if planned:
+            live = await connection.fetch(
+                sql.SCHEDULES_LOCK_LIVE, unique(p.schedule_id for p in planned)
+            )
+            rows = await connection.fetch(
+                sql.EXECUTIONS_INSERT_PLANNED,
+                ids,
+                [p.schedule_id for p in planned],
+                [p.tenant_id for p in planned],
+                [p.task_type for p in planned],
+                [p.planned_at for p in planned],
+                [str(p.status) for p in planned],
+                [p.error_code for p in planned],
+                [p.error_message for p in planned],
+                fence.partition_id,
+                fence.fencing_token,
+                [row["schedule_id"] for row in live],
+            )
+            inserted = in_order(ids, (row["execution_id"] for row in rows))
+        advanced = await _advance(connection, advances)
+        if checkpoint is not None:
+            await connection.execute(sql.CHECKPOINT_ADVANCE, fence.partition_id, checkpoint)
+    moved = set(advanced)
+    stale = [a.schedule_id for a in advances if a.schedule_id not in moved]
+    return PlanResult(inserted=inserted, advanced=advanced, stale=stale)
+
+
+async def _advance(connection: asyncpg.Connection, advances: list[ScheduleAdvance]) -> list[str]:
+    """The schedule ids whose ``next_run_at`` moved, in the order given."""
+    if len(unique(a.schedule_id for a in advances)) == len(advances):
+        rows = await connection.fetch(
+            sql.SCHEDULES_ADVANCE,
+            [a.schedule_id for a in advances],
+            [a.next_run_at for a in advances],
+            [a.expected_version for a in advances],
+        )
+        return in_order((a.schedule_id for a in advances), (row[0] for row in rows))
+    # A schedule named twice: one UPDATE ... FROM would apply an arbitrary one of them, so
+    # apply them one by one, in order, as the contract's sequential reading has it.
+    advanced = []
+    for advance in advances:
+        row = await connection.fetchrow(
+            sql.SCHEDULE_ADVANCE_ONE,
+            advance.schedule_id,
+            advance.next_run_at,
+            advance.expected_version,
+        )
+        if row is not None:
+            advanced.append(advance.schedule_id)
+    return advanced
+
+
+async def executions_due(store: Store, params: ExecutionsDue) -> list[Execution]:
+    limit = check_limit(params.limit, PAGE_SIZE_MAX)
+    before = aware(params.before, field="before")
+    if not params.partition_ids:
+        return []
+    async with store.connection() as connection:
+        rows = await connection.fetch(
+            sql.EXECUTIONS_DUE, unique(params.partition_ids), before, limit
+        )
+    return [execution_from_row(row) for row in rows]
+
+
+async def executions_claim(store: Store, params: ExecutionsClaim) -> list[Execution]:
+    check_batch(params.execution_ids, BATCH_ROWS_MAX, what="execution ids")
+    lease_s = check_duration(params.attempt_lease_s, field="attempt_lease_s")
+    ids = unique(params.execution_ids)
+    tokens = _tokens(params.fences)
+    _check_partition(_schedule_ids(ids), tokens.keys(), store.partition_count, what="execution")
+    async with store.transaction() as connection:
+        await require_fences(connection, params.fences)
+        if not ids:
+            return []
+        rows = await connection.fetch(
+            sql.EXECUTIONS_CLAIM,
+            ids,
+            lease_s,
+            params.node_id,
+            list(tokens),
+            list(tokens.values()),
+        )
+    started = [execution_from_row(row) for row in rows]
+    return sorted(started, key=lambda e: (e.planned_at, e.execution_id))
+
+
+async def executions_complete(store: Store, params: ExecutionsComplete) -> CompleteResult:
+    completions = params.completions
+    check_batch(completions, BATCH_ROWS_MAX, what="completions")
+    tokens = _tokens(params.fences)
+    ids = [c.execution_id for c in completions]
+    _check_partition(_schedule_ids(ids), tokens.keys(), store.partition_count, what="execution")
+    outcomes = {str(outcome) for outcome in Outcome}
+    for completion in completions:
+        if completion.outcome not in outcomes:
+            raise InvalidField(f"unknown outcome {completion.outcome!r}")
+        aware_or_none(completion.not_before, field="not_before")
+    # Of repeated (id, attempt) pairs the first is tried; at most one attempt per id matches.
+    distinct = list({(c.execution_id, c.attempt): c for c in reversed(completions)}.values())
+    distinct.reverse()
+    winners: dict[str, int] = {}
+    async with store.transaction() as connection:
+        await require_fences(connection, params.fences)
+        if distinct:
+            rows = await connection.fetch(
+                sql.EXECUTIONS_COMPLETE,
+                [c.execution_id for c in distinct],
+                [c.attempt for c in distinct],
+                [str(c.outcome) for c in distinct],
+                [c.not_before for c in distinct],
+                [c.error_code for c in distinct],
+                [c.error_message for c in distinct],
+                list(tokens),
+                list(tokens.values()),
+            )
+            winners = {row["execution_id"]: row["attempt"] for row in rows}
+    applied: list[str] = []
+    stale: list[str] = []
+    for completion in completions:
+        if winners.get(completion.execution_id) == completion.attempt:
+            del winners[completion.execution_id]
+            applied.append(completion.execution_id)
+        else:
+            stale.append(completion.execution_id)
+    return CompleteResult(applied=applied, stale=stale)
+
+
+async def executions_requeue_expired(store: Store, params: ExecutionsRequeueExpired) -> list[str]:
+    limit = check_limit(params.limit, BATCH_ROWS_MAX)
+    tokens = _tokens(params.fences)
+    async with store.transaction() as connection:
+        await require_fences(connection, params.fences)
+        if not tokens:
+            return []
+        rows = await connection.fetch(
+            sql.EXECUTIONS_REQUEUE_EXPIRED, list(tokens), limit, list(tokens.values())
+        )
+    return sorted(row["execution_id"] for row in rows)
+
+
+async def executions_get(store: Store, execution_id_: str) -> ExecutionDetail:
+    async with store.transaction(readonly=True) as connection:
+        row = await connection.fetchrow(sql.EXECUTION_GET, execution_id_)
+        if row is None:
+            raise NotFound(f"execution {execution_id_!r} does not exist")
+        attempts = await connection.fetch(sql.ATTEMPTS_GET, execution_id_)
+    return ExecutionDetail(
+        execution=execution_from_row(row), attempts=[attempt_from_row(a) for a in attempts]
+    )
+
+
+async def executions_query(store: Store, params: ExecutionsQuery) -> Page[Execution]:
+    limit = check_limit(params.limit, PAGE_SIZE_MAX)
+    after = _execution_cursor(params.cursor)
+    arguments: list[Any] = [
+        value
+        for value in (
+            params.schedule_id,
+            params.tenant_id,
+            None if params.status is None else str(params.status),
+            aware_or_none(params.planned_from, field="planned_from"),
+            aware_or_none(params.planned_to, field="planned_to"),
+        )
+        if value is not None
+    ]
+    if after is not None:
+        arguments.extend(after)
+    query = sql.executions_query(
+        schedule=params.schedule_id is not None,
+        tenant=params.tenant_id is not None,
+        status=params.status is not None,
+        planned_from=params.planned_from is not None,
+        planned_to=params.planned_to is not None,
+        after=after is not None,
+    )
+    async with store.connection() as connection:
+        rows = await connection.fetch(query, *arguments, limit + 1)
+    items = [execution_from_row(row) for row in rows[:limit]]
+    cursor = None
+    if len(rows) > limit:
+        last = items[-1]
+        cursor = encode_cursor(format_utc(last.planned_at), last.execution_id)
+    return Page(items=items, next_cursor=cursor)
+
+
+async def dead_letters_replay(store: Store, params: DeadLettersReplay) -> list[str]:
+    check_batch(params.execution_ids, BATCH_ROWS_MAX, what="execution ids")
+    ids = unique(params.execution_ids)
+    if not ids:
+        return []
+    async with store.connection() as connection:
+        rows = await connection.fetch(sql.DEAD_LETTERS_REPLAY, ids)
+    return in_order(ids, (row["execution_id"] for row in rows))
+
+
+async def executions_purge(store: Store, params: ExecutionsPurge) -> int:
+    limit = check_limit(params.limit, BATCH_ROWS_MAX)
+    before = aware(params.finished_before, field="finished_before")
+    async with store.transaction() as connection:
+        await require_fences(connection, [params.fence])
+        purged: int = await connection.fetchval(
+            sql.EXECUTIONS_PURGE, params.fence.partition_id, before, limit
+        )
+    return purged
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _tokens(fences: list[Fence]) -> dict[int, int]:
+    """Fencing token by partition (a partition fenced twice is caught by require_fences)."""
+    return {fence.partition_id: fence.fencing_token for fence in fences}
+
+
+def _schedule_ids(execution_ids: list[str]) -> list[str]:
+    """The schedule part of each id; ``InvalidField`` for an id no plan could have made."""
+    return [parse_execution_id(value)[0] for value in execution_ids]
+
+
+def _check_partition(
+    schedule_ids: list[str], fenced: Any, partition_count: int, *, what: str
+) -> None:
+    allowed = set(fenced)
+    for schedule_id in unique(schedule_ids):
+        partition = partition_of(schedule_id, partition_count)
+        if partition not in allowed:
+            raise InvalidField(
+                f"{what} of schedule {schedule_id!r} belongs to partition {partition}, "
+                f"which is not fenced by this call ({sorted(allowed)})"
+            )
+
+
+def _execution_cursor(cursor: str | None) -> tuple[Any, str] | None:
+    if cursor is None:
+        return None
+    parts = decode_cursor(cursor)
+    if len(parts) != 2 or not all(isinstance(part, str) for part in parts):
+        raise InvalidField("the pagination cursor is malformed")
+    return parse_instant(parts[0], field="cursor"), parts[1]

@@ -1,0 +1,176 @@
+"""Values in and out of SQL: rows to records, and the checks every input passes first.
+
+Rows are read by column name in the order of :mod:`engine.ledger.postgres.sql`'s column
+lists. asyncpg returns ``timestamptz`` as aware UTC datetimes, which is what the records
+promise, so instants pass through untouched.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any, Final, TypeVar
+
+from engine.core.dst import DstGap, DstOverlap
+from engine.errors import InvalidField
+from engine.ledger.base import Attempt, ChangeKind, NodeInfo, ScheduleChange
+from engine.model import (
+    CatchUpPolicy,
+    Execution,
+    ExecutionStatus,
+    Lease,
+    OverlapPolicy,
+    PlannerCheckpoint,
+    Schedule,
+)
+
+Row = Mapping[str, Any]
+T = TypeVar("T")
+
+
+def schedule_from_row(row: Row) -> Schedule:
+    return Schedule(
+        schedule_id=row["schedule_id"],
+        tenant_id=row["tenant_id"],
+        cron_expr=row["cron_expr"],
+        timezone=row["timezone"],
+        task_type=row["task_type"],
+        payload=row["payload"],
+        enabled=row["enabled"],
+        next_run_at=row["next_run_at"],
+        updated_at=row["updated_at"],
+        version=row["version"],
+        partition_id=row["partition_id"],
+        catch_up=CatchUpPolicy(row["catch_up"]),
+        catch_up_window_s=row["catch_up_window_s"],
+        dst_gap=DstGap(row["dst_gap"]),
+        dst_overlap=DstOverlap(row["dst_overlap"]),
+        overlap=OverlapPolicy(row["overlap"]),
+    )
+
+
+def execution_from_row(row: Row) -> Execution:
+    return Execution(
+        execution_id=row["execution_id"],
+        schedule_id=row["schedule_id"],
+        tenant_id=row["tenant_id"],
+        task_type=row["task_type"],
+        planned_at=row["planned_at"],
+        status=ExecutionStatus(row["status"]),
+        attempt=row["attempt"],
+        enqueued_at=row["enqueued_at"],
+        not_before=row["not_before"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        error_code=row["error_code"],
+        error_message=row["error_message"],
+        fencing_token=row["fencing_token"],
+        partition_id=row["partition_id"],
+        attempt_expires_at=row["attempt_expires_at"],
+    )
+
+
+def attempt_from_row(row: Row) -> Attempt:
+    return Attempt(
+        attempt=row["attempt"],
+        outcome=row["outcome"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        error_code=row["error_code"],
+        error_message=row["error_message"],
+    )
+
+
+def lease_from_row(row: Row) -> Lease:
+    return Lease(
+        partition_id=row["partition_id"],
+        owner_id=row["owner_id"],
+        fencing_token=row["fencing_token"],
+        expires_at=row["expires_at"],
+    )
+
+
+def node_from_row(row: Row) -> NodeInfo:
+    return NodeInfo(
+        node_id=row["node_id"],
+        region=row["region"],
+        started_at=row["started_at"],
+        last_seen_at=row["last_seen_at"],
+        expires_at=row["expires_at"],
+    )
+
+
+def change_from_row(row: Row) -> ScheduleChange:
+    return ScheduleChange(
+        seq=row["seq"],
+        schedule_id=row["schedule_id"],
+        partition_id=row["partition_id"],
+        kind=ChangeKind(row["kind"]),
+        version=row["version"],
+    )
+
+
+def checkpoint_from_row(row: Row) -> PlannerCheckpoint:
+    return PlannerCheckpoint(
+        partition_id=row["partition_id"], last_evaluated_at=row["last_evaluated_at"]
+    )
+
+
+# --- input checks ---------------------------------------------------------------------------
+
+
+def check_limit(limit: int, maximum: int, *, field: str = "limit") -> int:
+    """``limit`` if it is 1..``maximum``; InvalidField otherwise."""
+    if not 1 <= limit <= maximum:
+        raise InvalidField(f"{field} must be between 1 and {maximum}, got {limit}")
+    return limit
+
+
+def check_batch(items: Iterable[object], maximum: int, *, what: str) -> None:
+    """InvalidField when one call carries more than ``maximum`` rows."""
+    count = sum(1 for _ in items)
+    if count > maximum:
+        raise InvalidField(f"{count} {what} in one call; the limit is {maximum}")
+
+
+DURATION_S_MAX: Final = 366 * 24 * 3600.0
+"""Longest lease, attempt lease or heartbeat TTL accepted (as the memory ledger)."""
+
+
+def check_duration(value: float, *, field: str) -> float:
+    """A positive, finite number of seconds up to :data:`DURATION_S_MAX`."""
+    if not (math.isfinite(value) and 0 < value <= DURATION_S_MAX):
+        raise InvalidField(
+            f"{field} must be a positive number of seconds up to {DURATION_S_MAX:.0f}, got {value}"
+        )
+    return value
+
+
+def check_not_empty(value: str, *, field: str) -> str:
+    if not value:
+        raise InvalidField(f"{field} must not be empty")
+    return value
+
+
+def aware(instant: datetime, *, field: str) -> datetime:
+    """``instant`` if it carries a UTC offset; a naive time means different instants on
+    different hosts, so it is refused."""
+    if instant.tzinfo is None or instant.utcoffset() is None:
+        raise InvalidField(f"{field} {instant.isoformat()} has no UTC offset")
+    return instant
+
+
+def aware_or_none(instant: datetime | None, *, field: str) -> datetime | None:
+    return None if instant is None else aware(instant, field=field)
+
+
+def unique(values: Iterable[T]) -> list[T]:
+    """``values`` without repeats, first occurrence kept, order kept."""
+    return list(dict.fromkeys(values))
+
+
+def in_order(wanted: Iterable[str], present: Iterable[str]) -> list[str]:
+    """The ``wanted`` ids that are in ``present``, in ``wanted`` order, without repeats."""
+    found = set(present)
+    return [value for value in unique(wanted) if value in found]

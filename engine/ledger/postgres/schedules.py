@@ -1,0 +1,231 @@
+"""Schedule operations and the change feed (asyncio side; one coroutine per ledger method).
+
+Every schedule write ends the same way, in its own transaction: take the change-feed
+advisory lock, append its changes, NOTIFY (:func:`_append_changes`). The lock is held until
+commit, so the next writer draws its ``seq`` only once this commit is visible: ``seq``
+order is commit order, and a reader may keep the last ``seq`` it saw as a watermark.
+Taking the lock last keeps the serialized section to one statement plus the commit.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+import asyncpg
+
+from engine.core.hashing import partition_of
+from engine.errors import AlreadyExists, InvalidField, NotFound, VersionConflict
+from engine.ledger.base import (
+    BATCH_ROWS_MAX,
+    PAGE_SIZE_MAX,
+    ChangeKind,
+    Page,
+    ScheduleChange,
+    ScheduleChangesSince,
+    SchedulesCreate,
+    SchedulesDelete,
+    SchedulesList,
+    SchedulesUpdate,
+    decode_cursor,
+    encode_cursor,
+)
+from engine.ledger.postgres import sql
+from engine.ledger.postgres.rows import (
+    aware_or_none,
+    change_from_row,
+    check_batch,
+    check_limit,
+    schedule_from_row,
+)
+from engine.ledger.postgres.store import Store
+from engine.model import Schedule, check_payload_size, validate_identifier
+
+
+async def schedules_create(store: Store, params: SchedulesCreate) -> list[Schedule]:
+    schedules = params.schedules
+    check_batch(schedules, BATCH_ROWS_MAX, what="schedules")
+    ids = [schedule.schedule_id for schedule in schedules]
+    if len(set(ids)) < len(ids):
+        repeated = sorted({i for i in ids if ids.count(i) > 1})
+        raise InvalidField(f"schedule ids repeated in one call: {', '.join(repeated)}")
+    for schedule in schedules:
+        _check_schedule(schedule)
+    if not schedules:
+        return []
+    partitions = [partition_of(i, store.partition_count) for i in ids]
+    async with store.transaction() as connection:
+        existing = await connection.fetch(sql.SCHEDULES_LIVE_IDS, ids)
+        if existing:
+            _raise_exists([row["schedule_id"] for row in existing])
+        rows = await connection.fetch(sql.SCHEDULES_INSERT, *_columns(schedules, partitions))
+        created = {row["schedule_id"]: schedule_from_row(row) for row in rows}
+        if len(created) < len(ids):  # a concurrent create of the same id committed first
+            _raise_exists(sorted(set(ids) - created.keys()))
+        await _append_changes(
+            connection, ids, partitions, [ChangeKind.CREATED] * len(ids), [1] * len(ids)
+        )
+    return [created[i] for i in ids]
+
+
+async def schedules_update(store: Store, params: SchedulesUpdate) -> Schedule:
+    schedule = params.schedule
+    _check_schedule(schedule)
+    async with store.transaction() as connection:
+        row = await connection.fetchrow(
+            sql.SCHEDULE_UPDATE,
+            schedule.schedule_id,
+            *_user_fields(schedule),
+            params.expected_version,
+        )
+        if row is None:
+            current = await connection.fetchrow(sql.SCHEDULE_GET, schedule.schedule_id)
+            if current is None:
+                raise NotFound(f"schedule {schedule.schedule_id!r} does not exist")
+            raise VersionConflict(
+                f"schedule {schedule.schedule_id!r} is at version {current['version']}, "
+                f"not {params.expected_version}: someone else updated it; re-read and retry"
+            )
+        updated = schedule_from_row(row)
+        await _append_changes(
+            connection,
+            [updated.schedule_id],
+            [row["partition_id"]],
+            [ChangeKind.UPDATED],
+            [updated.version],
+        )
+    return updated
+
+
+async def schedules_delete(store: Store, params: SchedulesDelete) -> Schedule:
+    async with store.transaction() as connection:
+        row = await connection.fetchrow(sql.SCHEDULE_GET_FOR_UPDATE, params.schedule_id)
+        if row is None:
+            raise NotFound(f"schedule {params.schedule_id!r} does not exist")
+        deleted = schedule_from_row(row)
+        expected = params.expected_version
+        if expected is not None and deleted.version != expected:
+            raise VersionConflict(
+                f"schedule {params.schedule_id!r} is at version {deleted.version}, "
+                f"not {expected}: someone else updated it; re-read and retry"
+            )
+        # Order matters: the schedule is marked deleted first, and pending executions are
+        # skipped by a later statement that sees everything planned before (sql.py).
+        await connection.execute(sql.SCHEDULE_SOFT_DELETE, params.schedule_id)
+        await connection.execute(sql.EXECUTIONS_SKIP_PENDING, params.schedule_id)
+        await _append_changes(
+            connection,
+            [deleted.schedule_id],
+            [row["partition_id"]],
+            [ChangeKind.DELETED],
+            [deleted.version],
+        )
+    return deleted
+
+
+async def schedules_get(store: Store, schedule_id: str) -> Schedule:
+    async with store.connection() as connection:
+        row = await connection.fetchrow(sql.SCHEDULE_GET, schedule_id)
+    if row is None:
+        raise NotFound(f"schedule {schedule_id!r} does not exist")
+    return schedule_from_row(row)
+
+
+async def schedules_list(store: Store, params: SchedulesList) -> Page[Schedule]:
+    limit = check_limit(params.limit, PAGE_SIZE_MAX)
+    after = _schedule_cursor(params.cursor)
+    filters: list[Any] = [
+        value
+        for value in (params.tenant_id, params.task_type, params.enabled, params.partition_id)
+        if value is not None
+    ]
+    if after is not None:
+        filters.append(after)
+    query = sql.schedules_list(
+        tenant=params.tenant_id is not None,
+        task_type=params.task_type is not None,
+        enabled=params.enabled is not None,
+        partition=params.partition_id is not None,
+        after=after is not None,
+    )
+    async with store.connection() as connection:
+        rows = await connection.fetch(query, *filters, limit + 1)
+    items = [schedule_from_row(row) for row in rows[:limit]]
+    more = len(rows) > limit
+    return Page(items=items, next_cursor=encode_cursor(items[-1].schedule_id) if more else None)
+
+
+async def schedule_changes(store: Store, params: ScheduleChangesSince) -> list[ScheduleChange]:
+    limit = check_limit(params.limit, PAGE_SIZE_MAX)
+    async with store.connection() as connection:
+        rows = await connection.fetch(sql.CHANGES_SINCE, params.after_seq, limit)
+    return [change_from_row(row) for row in rows]
+
+
+async def schedule_changes_head(store: Store, _: None) -> int:
+    """The newest committed ``seq`` (0 when the feed is empty)."""
+    async with store.connection() as connection:
+        newest: int = await connection.fetchval(sql.CHANGES_NEWEST)
+    return newest
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+async def _append_changes(
+    connection: asyncpg.Connection,
+    schedule_ids: list[str],
+    partition_ids: list[int],
+    kinds: list[ChangeKind],
+    versions: list[int],
+) -> None:
+    await connection.execute(sql.CHANGES_LOCK)
+    await connection.fetchrow(
+        sql.CHANGES_APPEND, schedule_ids, partition_ids, [str(k) for k in kinds], versions
+    )
+
+
+def _check_schedule(schedule: Schedule) -> None:
+    validate_identifier(schedule.schedule_id, kind="schedule id")
+    check_payload_size(schedule.payload)
+    aware_or_none(schedule.next_run_at, field="next_run_at")
+
+
+def _raise_exists(ids: list[str]) -> NoReturn:
+    shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+    raise AlreadyExists(f"schedules already exist: {shown}", ids=tuple(ids))
+
+
+def _user_fields(schedule: Schedule) -> tuple[Any, ...]:
+    """The replaceable fields, in the order of sql.SCHEDULE_UPDATE's $2..$13."""
+    return (
+        schedule.tenant_id,
+        schedule.cron_expr,
+        schedule.timezone,
+        schedule.task_type,
+        schedule.payload,
+        schedule.enabled,
+        schedule.next_run_at,
+        str(schedule.catch_up),
+        float(schedule.catch_up_window_s),
+        str(schedule.dst_gap),
+        str(schedule.dst_overlap),
+        str(schedule.overlap),
+    )
+
+
+def _columns(schedules: list[Schedule], partitions: list[int]) -> list[list[Any]]:
+    """Column arrays in the order of sql.SCHEDULES_INSERT's unnest."""
+    rows = []
+    for schedule, partition in zip(schedules, partitions, strict=True):
+        fields = _user_fields(schedule)
+        rows.append((schedule.schedule_id, *fields[:7], partition, *fields[7:]))
+    return [list(column) for column in zip(*rows, strict=True)]
+
+
+def _schedule_cursor(cursor: str | None) -> str | None:
+    if cursor is None:
+        return None
+    parts = decode_cursor(cursor)
+    if len(parts) != 1 or not isinstance(parts[0], str):
+        raise InvalidField("the pagination cursor is malformed")
+    return parts[0]

@@ -1,0 +1,502 @@
+"""Every SQL statement the Postgres ledger runs, in one place (the schema is in ``migrations/``).
+
+Conventions kept by every statement here:
+
+* **Expiry is judged by the server**: leases, attempt leases and heartbeats compare with
+  ``now()`` (the transaction's start on the server's clock), never with a node's clock.
+* **Batches travel as arrays**: a write of n rows is one statement over ``unnest($k::type[],
+  ...)``, not n statements (ARCHITECTURE.md §7: 55-75k rows/s instead of a few thousand).
+* **Partition ids come from Python** (:func:`engine.core.hashing.partition_of`); no statement
+  recomputes the hash.
+* **Row locks are taken in ascending key order** (``ORDER BY ... FOR SHARE|UPDATE`` puts the
+  lock step above the sort), so lease renewals and fenced writes of the same node never
+  deadlock each other.
+* Listing queries are composed from fixed fragments by the small builders at the end, so
+  that each filter combination gets its own prepared statement and its own index.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Final
+
+# --- constants shared with the schema ---------------------------------------------------
+
+CHANGES_CHANNEL: Final = "carillon_schedule_changes"
+"""The LISTEN/NOTIFY channel; the payload is the newest ``seq`` of the notifying commit."""
+
+CHANGES_LOCK_KEY: Final = 0x6361726C_63686773  # "carlchgs"
+"""Transaction advisory lock serializing schedule-change writers (commit order = seq order)."""
+
+MIGRATION_LOCK_KEY: Final = 0x6361726C_6D696772  # "carlmigr"
+"""Session advisory lock held by ``carillon migrate`` while it inspects and changes the schema."""
+
+SCHEDULE_COLUMNS: Final = (
+    "schedule_id, tenant_id, cron_expr, timezone, task_type, payload, enabled, next_run_at, "
+    "updated_at, version, partition_id, catch_up, catch_up_window_s, dst_gap, dst_overlap, "
+    "overlap"
+)
+EXECUTION_COLUMNS: Final = (
+    "execution_id, schedule_id, tenant_id, task_type, planned_at, status, attempt, "
+    "enqueued_at, not_before, started_at, finished_at, error_code, error_message, "
+    "fencing_token, partition_id, attempt_expires_at"
+)
+LEASE_COLUMNS: Final = "partition_id, owner_id, fencing_token, expires_at"
+NODE_COLUMNS: Final = "node_id, region, started_at, last_seen_at, expires_at"
+
+
+def _prefixed(columns: str, alias: str) -> str:
+    return ", ".join(f"{alias}.{column.strip()}" for column in columns.split(","))
+
+
+# --- cluster ----------------------------------------------------------------------------
+
+DATABASE_NOW: Final = "SELECT now()"
+CLUSTER_GET: Final = "SELECT partition_count, active_region, region_epoch FROM cluster_settings"
+SCHEMA_VERSION: Final = "SELECT max(version) FROM carillon_schema_migrations"
+
+# --- fencing ----------------------------------------------------------------------------
+
+FENCES_HOLDING: Final = """
+SELECT l.partition_id
+FROM partition_leases AS l
+JOIN unnest($1::integer[], $2::text[], $3::bigint[]) AS f (partition_id, owner_id, fencing_token)
+  ON l.partition_id = f.partition_id
+ AND l.owner_id = f.owner_id
+ AND l.fencing_token = f.fencing_token
+WHERE l.expires_at > now()
+ORDER BY l.partition_id
+FOR SHARE OF l
+"""
+"""The fences that hold, each lease row share-locked until commit: a concurrent takeover
+(an UPDATE of the row) waits for this transaction, so the fence holds for all of it."""
+
+# --- schedules --------------------------------------------------------------------------
+
+SCHEDULES_LIVE_IDS: Final = """
+SELECT schedule_id FROM schedules
+WHERE schedule_id = ANY($1::text[]) AND deleted_at IS NULL
+ORDER BY schedule_id
+"""
+
+SCHEDULES_INSERT: Final = f"""
+INSERT INTO schedules AS s (
+    schedule_id, tenant_id, cron_expr, timezone, task_type, payload, enabled, next_run_at,
+    created_at, updated_at, version, partition_id, catch_up, catch_up_window_s, dst_gap,
+    dst_overlap, overlap, deleted_at)
+SELECT u.schedule_id, u.tenant_id, u.cron_expr, u.timezone, u.task_type, u.payload, u.enabled,
+       u.next_run_at, now(), now(), 1, u.partition_id, u.catch_up, u.catch_up_window_s,
+       u.dst_gap, u.dst_overlap, u.overlap, NULL
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::jsonb[],
+            $7::boolean[], $8::timestamptz[], $9::integer[], $10::text[],
+            $11::double precision[], $12::text[], $13::text[], $14::text[])
+     AS u (schedule_id, tenant_id, cron_expr, timezone, task_type, payload, enabled,
+           next_run_at, partition_id, catch_up, catch_up_window_s, dst_gap, dst_overlap,
+           overlap)
+ON CONFLICT (schedule_id) DO UPDATE SET
+    tenant_id = EXCLUDED.tenant_id, cron_expr = EXCLUDED.cron_expr,
+    timezone = EXCLUDED.timezone, task_type = EXCLUDED.task_type, payload = EXCLUDED.payload,
+    enabled = EXCLUDED.enabled, next_run_at = EXCLUDED.next_run_at,
+    created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, version = s.version + 1,
+    partition_id = EXCLUDED.partition_id, catch_up = EXCLUDED.catch_up,
+    catch_up_window_s = EXCLUDED.catch_up_window_s, dst_gap = EXCLUDED.dst_gap,
+    dst_overlap = EXCLUDED.dst_overlap, overlap = EXCLUDED.overlap, deleted_at = NULL
+WHERE s.deleted_at IS NOT NULL
+RETURNING {_prefixed(SCHEDULE_COLUMNS, "s")}
+"""
+"""Insert new schedules and revive deleted ones; a live row is left alone and not returned
+(a concurrent create of the same id committed first)."""
+
+SCHEDULE_UPDATE: Final = f"""
+UPDATE schedules SET
+    tenant_id = $2, cron_expr = $3, timezone = $4, task_type = $5, payload = $6,
+    enabled = $7, next_run_at = $8, catch_up = $9, catch_up_window_s = $10, dst_gap = $11,
+    dst_overlap = $12, overlap = $13, version = version + 1, updated_at = now()
+WHERE schedule_id = $1 AND deleted_at IS NULL AND version = $14
+RETURNING {SCHEDULE_COLUMNS}
+"""
+
+SCHEDULE_GET: Final = f"""
+SELECT {SCHEDULE_COLUMNS} FROM schedules WHERE schedule_id = $1 AND deleted_at IS NULL
+"""
+
+SCHEDULE_GET_FOR_UPDATE: Final = SCHEDULE_GET + "FOR UPDATE"
+
+SCHEDULE_SOFT_DELETE: Final = "UPDATE schedules SET deleted_at = now() WHERE schedule_id = $1"
+
+EXECUTIONS_SKIP_PENDING: Final = """
+UPDATE executions
+SET status = 'skipped', error_code = 'schedule_deleted',
+    error_message = 'the schedule was deleted before this execution started',
+    finished_at = now(), not_before = NULL
+WHERE schedule_id = $1 AND status IN ('queued', 'failed')
+"""
+"""Run as a *later statement* than :data:`SCHEDULE_SOFT_DELETE` of the same transaction:
+under READ COMMITTED it sees every execution a planner committed while holding the
+schedule row, and a planner that comes later no longer finds the schedule live."""
+
+CHANGES_LOCK: Final = f"SELECT pg_advisory_xact_lock({CHANGES_LOCK_KEY})"
+"""Taken right before :data:`CHANGES_APPEND`, held until commit: the next writer draws its
+``seq`` only after this transaction is visible, so ``seq`` order is commit order."""
+
+CHANGES_APPEND: Final = f"""
+WITH appended AS (
+    INSERT INTO schedule_changes (schedule_id, partition_id, kind, version)
+    SELECT * FROM unnest($1::text[], $2::integer[], $3::text[], $4::bigint[])
+    RETURNING seq
+), newest AS (
+    SELECT max(seq) AS seq FROM appended
+)
+SELECT newest.seq, pg_notify('{CHANGES_CHANNEL}', newest.seq::text) FROM newest
+"""
+"""Append changes and NOTIFY listeners (delivered at commit, with the newest seq)."""
+
+CHANGES_SINCE: Final = """
+SELECT seq, schedule_id, partition_id, kind, version FROM schedule_changes
+WHERE seq > $1 ORDER BY seq LIMIT $2
+"""
+
+CHANGES_NEWEST: Final = "SELECT coalesce(max(seq), 0) FROM schedule_changes"
+
+# --- leases, membership, checkpoints ----------------------------------------------------
+
+LEASES_ACQUIRE: Final = f"""
+WITH free AS (
+    SELECT partition_id FROM partition_leases
+    WHERE partition_id = ANY($1::integer[])
+      AND (owner_id IS NULL OR expires_at IS NULL OR expires_at <= now())
+    ORDER BY partition_id
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE partition_leases AS l
+SET owner_id = $2, fencing_token = l.fencing_token + 1,
+    expires_at = now() + make_interval(secs => $3)
+FROM free WHERE l.partition_id = free.partition_id
+RETURNING {_prefixed(LEASE_COLUMNS, "l")}
+"""
+"""Take free or expired partitions. A row locked by someone else's transaction (a rival
+acquiring it, or the previous owner's last fenced write) is skipped, never waited for."""
+
+_LEASES_HELD_LOCKED: Final = """
+WITH held AS (
+    SELECT l.partition_id
+    FROM partition_leases AS l
+    JOIN unnest($1::integer[], $2::text[], $3::bigint[])
+         AS f (partition_id, owner_id, fencing_token)
+      ON l.partition_id = f.partition_id
+     AND l.owner_id = f.owner_id
+     AND l.fencing_token = f.fencing_token
+    WHERE l.expires_at > now()
+    ORDER BY l.partition_id
+    FOR UPDATE OF l
+)
+"""
+
+LEASES_RENEW: Final = f"""{_LEASES_HELD_LOCKED}
+UPDATE partition_leases AS l SET expires_at = now() + make_interval(secs => $4)
+FROM held WHERE l.partition_id = held.partition_id
+RETURNING {_prefixed(LEASE_COLUMNS, "l")}
+"""
+
+LEASES_RELEASE: Final = f"""{_LEASES_HELD_LOCKED}
+UPDATE partition_leases AS l SET owner_id = NULL, expires_at = NULL
+FROM held WHERE l.partition_id = held.partition_id
+RETURNING l.partition_id
+"""
+"""Owner cleared, token kept (the next acquisition increments it)."""
+
+LEASES_LIST: Final = f"SELECT {LEASE_COLUMNS} FROM partition_leases ORDER BY partition_id"
+
+NODES_HEARTBEAT: Final = f"""
+INSERT INTO nodes AS n (node_id, region, started_at, last_seen_at, expires_at)
+VALUES ($1, $2, now(), now(), now() + make_interval(secs => $3))
+ON CONFLICT (node_id) DO UPDATE SET
+    region = EXCLUDED.region,
+    started_at = CASE WHEN n.expires_at > now() THEN n.started_at ELSE now() END,
+    last_seen_at = EXCLUDED.last_seen_at,
+    expires_at = EXCLUDED.expires_at
+RETURNING {NODE_COLUMNS}
+"""
+"""A node whose row had expired was judged dead: its next heartbeat is a rejoin."""
+
+NODES_LIVE: Final = f"SELECT {NODE_COLUMNS} FROM nodes WHERE expires_at > now() ORDER BY node_id"
+
+NODES_LEAVE: Final = "DELETE FROM nodes WHERE node_id = $1"
+
+CHECKPOINTS_GET: Final = """
+SELECT partition_id, last_evaluated_at FROM planner_checkpoints
+WHERE partition_id = ANY($1::integer[]) ORDER BY partition_id
+"""
+
+CHECKPOINT_ADVANCE: Final = """
+INSERT INTO planner_checkpoints AS c (partition_id, last_evaluated_at) VALUES ($1, $2)
+ON CONFLICT (partition_id) DO UPDATE
+SET last_evaluated_at = greatest(c.last_evaluated_at, EXCLUDED.last_evaluated_at)
+"""
+"""Move a checkpoint forward, never backward."""
+
+# --- planning ---------------------------------------------------------------------------
+
+SCHEDULES_LOCK_LIVE: Final = """
+SELECT schedule_id FROM schedules
+WHERE schedule_id = ANY($1::text[]) AND deleted_at IS NULL
+ORDER BY schedule_id
+FOR SHARE
+"""
+"""Share-lock the live schedules a plan names, until commit. A concurrent delete waits for
+the plan (and then skips what it inserted); a plan that waited for a delete re-checks the
+row, finds it deleted, and inserts nothing for it."""
+
+EXECUTIONS_INSERT_PLANNED: Final = """
+INSERT INTO executions (
+    execution_id, schedule_id, tenant_id, task_type, partition_id, planned_at, status,
+    attempt, enqueued_at, finished_at, error_code, error_message, fencing_token)
+SELECT u.execution_id, u.schedule_id, u.tenant_id, u.task_type, $9, u.planned_at, u.status,
+       0, now(), CASE WHEN u.status = 'skipped' THEN now() END, u.error_code,
+       u.error_message, $10
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::timestamptz[], $6::text[],
+            $7::text[], $8::text[])
+     AS u (execution_id, schedule_id, tenant_id, task_type, planned_at, status, error_code,
+           error_message)
+WHERE u.schedule_id = ANY($11::text[])
+ON CONFLICT (execution_id) DO NOTHING
+RETURNING execution_id
+"""
+"""Record planned fires of the schedules locked live by :data:`SCHEDULES_LOCK_LIVE`
+(``$11``); fires already recorded are left alone and not returned."""
+
+SCHEDULES_ADVANCE: Final = """
+UPDATE schedules AS s SET next_run_at = u.next_run_at
+FROM unnest($1::text[], $2::timestamptz[], $3::bigint[])
+     AS u (schedule_id, next_run_at, expected_version)
+WHERE s.schedule_id = u.schedule_id
+  AND s.version = u.expected_version
+  AND s.deleted_at IS NULL
+RETURNING s.schedule_id
+"""
+
+SCHEDULE_ADVANCE_ONE: Final = """
+UPDATE schedules SET next_run_at = $2
+WHERE schedule_id = $1 AND version = $3 AND deleted_at IS NULL
+RETURNING schedule_id
+"""
+"""One advance at a time, in order: only for a plan that names a schedule twice."""
+
+# --- execution --------------------------------------------------------------------------
+
+# "Startable by t": queued and planned by t, or failed with its retry due by t. startable_at
+# is a generated column holding exactly that instant (migrations/0001_initial.sql), so the
+# test is one indexed range per partition.
+
+EXECUTIONS_DUE: Final = f"""
+SELECT {EXECUTION_COLUMNS} FROM executions
+WHERE partition_id = ANY($1::integer[])
+  AND status IN ('queued', 'failed')
+  AND startable_at <= $2
+ORDER BY planned_at, execution_id
+LIMIT $3
+"""
+
+EXECUTIONS_CLAIM: Final = f"""
+UPDATE executions AS e
+SET status = 'running', attempt = e.attempt + 1, started_at = now(), finished_at = NULL,
+    attempt_expires_at = now() + make_interval(secs => $2), not_before = NULL,
+    error_code = NULL, error_message = NULL, fencing_token = f.fencing_token, claimed_by = $3
+FROM unnest($4::integer[], $5::bigint[]) AS f (partition_id, fencing_token)
+WHERE e.execution_id = ANY($1::text[])
+  AND e.partition_id = f.partition_id
+  AND e.status IN ('queued', 'failed')
+  AND e.startable_at <= now()
+RETURNING {_prefixed(EXECUTION_COLUMNS, "e")}
+"""
+
+EXECUTIONS_COMPLETE: Final = """
+WITH c AS (
+    SELECT * FROM unnest($1::text[], $2::integer[], $3::text[], $4::timestamptz[],
+                         $5::text[], $6::text[])
+         AS c (execution_id, attempt, outcome, not_before, error_code, error_message)
+), finished AS (
+    UPDATE executions AS e
+    SET status = c.outcome,
+        finished_at = CASE WHEN c.outcome = 'failed' THEN NULL ELSE now() END,
+        not_before = CASE WHEN c.outcome = 'failed' THEN coalesce(c.not_before, now()) END,
+        attempt_expires_at = NULL,
+        error_code = c.error_code, error_message = c.error_message,
+        fencing_token = f.fencing_token
+    FROM c, unnest($7::integer[], $8::bigint[]) AS f (partition_id, fencing_token)
+    WHERE e.execution_id = c.execution_id
+      AND e.attempt = c.attempt
+      AND e.status = 'running'
+      AND e.partition_id = f.partition_id
+    RETURNING e.execution_id, e.attempt, c.outcome, e.started_at, e.error_code,
+              e.error_message, e.claimed_by
+)
+INSERT INTO execution_attempts (
+    execution_id, attempt, outcome, started_at, finished_at, error_code, error_message,
+    claimed_by)
+SELECT execution_id, attempt, outcome, started_at, now(), error_code, error_message,
+       claimed_by
+FROM finished
+RETURNING execution_id, attempt
+"""
+"""Finish the current attempts and record them in the history, in one statement.
+``finished_at`` is set exactly while an execution is terminal, so a failed attempt leaves it
+empty and waits for ``not_before`` (now, when the worker gave no retry time)."""
+
+EXECUTIONS_REQUEUE_EXPIRED: Final = """
+WITH expired AS (
+    SELECT execution_id FROM executions
+    WHERE partition_id = ANY($1::integer[])
+      AND status = 'running'
+      AND attempt_expires_at <= now()
+    ORDER BY planned_at, execution_id
+    LIMIT $2
+    FOR UPDATE
+), requeued AS (
+    UPDATE executions AS e
+    SET status = 'queued', attempt_expires_at = NULL, fencing_token = f.fencing_token
+    FROM expired, unnest($1::integer[], $3::bigint[]) AS f (partition_id, fencing_token)
+    WHERE e.execution_id = expired.execution_id AND e.partition_id = f.partition_id
+    RETURNING e.execution_id, e.attempt, e.started_at, e.claimed_by, e.planned_at
+), recorded AS (
+    INSERT INTO execution_attempts (
+        execution_id, attempt, outcome, started_at, finished_at, claimed_by)
+    SELECT execution_id, attempt, 'expired', started_at, now(), claimed_by FROM requeued
+)
+SELECT execution_id FROM requeued ORDER BY planned_at, execution_id
+"""
+
+EXECUTION_GET: Final = f"SELECT {EXECUTION_COLUMNS} FROM executions WHERE execution_id = $1"
+
+ATTEMPTS_GET: Final = """
+SELECT attempt, outcome, started_at, finished_at, error_code, error_message
+FROM execution_attempts WHERE execution_id = $1 ORDER BY attempt
+"""
+
+DEAD_LETTERS_REPLAY: Final = """
+UPDATE executions
+SET status = 'queued', enqueued_at = now(), not_before = NULL, finished_at = NULL,
+    error_code = NULL, error_message = NULL
+WHERE execution_id = ANY($1::text[]) AND status = 'dead-letter'
+RETURNING execution_id
+"""
+
+EXECUTIONS_PURGE: Final = """
+WITH doomed AS (
+    SELECT execution_id FROM executions
+    WHERE partition_id = $1
+      AND status IN ('succeeded', 'skipped')
+      AND finished_at < $2
+    ORDER BY finished_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+), purged AS (
+    DELETE FROM executions AS e USING doomed
+    WHERE e.execution_id = doomed.execution_id
+    RETURNING 1
+)
+SELECT count(*) FROM purged
+"""
+"""Delete old terminal executions; their attempts go with them (ON DELETE CASCADE)."""
+
+# --- listings: fixed fragments, composed per filter combination --------------------------
+
+
+@functools.cache
+def schedules_list(
+    *, tenant: bool, task_type: bool, enabled: bool, partition: bool, after: bool
+) -> str:
+    """Live schedules by id; parameters in order: the filters given, the cursor id, limit."""
+    fragments = [
+        ("tenant_id = ${}", tenant),
+        ("task_type = ${}", task_type),
+        ("enabled = ${}", enabled),
+        ("partition_id = ${}", partition),
+        ("schedule_id > ${}", after),
+    ]
+    where, count = _where(["deleted_at IS NULL"], fragments)
+    return (
+        f"SELECT {SCHEDULE_COLUMNS} FROM schedules WHERE {where} "
+        f"ORDER BY schedule_id LIMIT ${count + 1}"
+    )
+
+
+@functools.cache
+def executions_query(
+    *,
+    schedule: bool,
+    tenant: bool,
+    status: bool,
+    planned_from: bool,
+    planned_to: bool,
+    after: bool,
+) -> str:
+    """Executions by (planned_at, id); parameters in order: the filters given, the cursor
+    (two parameters: planned_at, id), limit."""
+    fragments = [
+        ("schedule_id = ${}", schedule),
+        ("tenant_id = ${}", tenant),
+        ("status = ${}", status),
+        ("planned_at >= ${}", planned_from),
+        ("planned_at < ${}", planned_to),
+        ("(planned_at, execution_id) > (${}, ${})", after),
+    ]
+    where, count = _where([], fragments)
+    return (
+        f"SELECT {EXECUTION_COLUMNS} FROM executions WHERE {where} "
+        f"ORDER BY planned_at, execution_id LIMIT ${count + 1}"
+    )
+
+
+def _where(fixed: list[str], fragments: list[tuple[str, bool]]) -> tuple[str, int]:
+    """AND together the fixed clauses and the chosen fragments, numbering ``$n`` in order."""
+    clauses = list(fixed)
+    count = 0
+    for template, chosen in fragments:
+        if chosen:
+            holes = template.count("${}")
+            clauses.append(template.format(*(f"{count + i + 1}" for i in range(holes))))
+            count += holes
+    return (" AND ".join(clauses) or "true"), count
+
+
+# --- migrations (engine/ledger/postgres/migrate.py) ------------------------------------------
+
+MIGRATION_LOCK: Final = f"SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})"
+MIGRATION_UNLOCK: Final = f"SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})"
+
+MIGRATIONS_TABLE_EXISTS: Final = "SELECT to_regclass('carillon_schema_migrations') IS NOT NULL"
+
+MIGRATIONS_TABLE_CREATE: Final = """
+CREATE TABLE IF NOT EXISTS carillon_schema_migrations (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    checksum   text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+"""The record of applied migration files (created before the first of them runs)."""
+
+MIGRATIONS_APPLIED: Final = """
+SELECT version, name, checksum, applied_at FROM carillon_schema_migrations ORDER BY version
+"""
+
+MIGRATION_RECORD: Final = """
+INSERT INTO carillon_schema_migrations (version, name, checksum) VALUES ($1, $2, $3)
+"""
+
+CLUSTER_SETTINGS_EXISTS: Final = "SELECT to_regclass('cluster_settings') IS NOT NULL"
+
+CLUSTER_PARTITION_COUNT: Final = "SELECT partition_count FROM cluster_settings"
+
+CLUSTER_PARTITION_COUNT_FOR_UPDATE: Final = CLUSTER_PARTITION_COUNT + " FOR UPDATE"
+
+CLUSTER_INITIALIZE: Final = "INSERT INTO cluster_settings (partition_count) VALUES ($1)"
+
+LEASES_CREATE: Final = """
+INSERT INTO partition_leases (partition_id, owner_id, fencing_token, expires_at)
+SELECT partition_id, NULL, 0, NULL FROM generate_series(0, $1::integer - 1) AS partition_id
+ON CONFLICT (partition_id) DO NOTHING
+RETURNING partition_id
+"""
+"""One free lease row per partition (owner NULL, token 0); existing rows are kept."""

@@ -1,0 +1,85 @@
+"""The asyncio side of the Postgres ledger: a pool, and the way every operation runs on it.
+
+Each ledger operation is one coroutine (``async def op(store, params)``) that checks its
+input, then opens at most one transaction through :meth:`Store.transaction` or reads through
+:meth:`Store.connection`. :meth:`Store.run` wraps it: driver failures become Carillon errors,
+and a transaction the server aborted to break a deadlock or a serialization conflict is run
+again, a bounded number of times (it changed nothing, so repeating it is safe).
+
+Invariants: everything here runs on the bridge's event loop; the partition count is read
+once at open (it is fixed by ``carillon migrate``); after a connection-level failure every
+pooled connection is replaced on its next use, so a restarted server costs the callers at
+most one :class:`~engine.errors.LedgerUnavailable` per operation in flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Final, TypeVar
+
+import asyncpg
+
+from engine.errors import LedgerUnavailable
+from engine.ledger.postgres.connection import is_unavailable, translate_errors
+
+T = TypeVar("T")
+P = TypeVar("P")
+
+ACQUIRE_TIMEOUT_S: Final = 10.0
+"""How long an operation waits for a pooled connection (pool exhausted or reconnecting)."""
+CONFLICT_RETRIES: Final = 3
+"""Runs of an operation the server aborted with a deadlock or serialization failure."""
+
+_RETRYABLE: Final = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
+
+
+class Store:
+    """A pool of connections and the cluster's fixed partition count."""
+
+    def __init__(self, pool: asyncpg.Pool, *, partition_count: int) -> None:
+        self.pool = pool
+        self.partition_count = partition_count
+
+    async def run(self, op: Callable[[Store, P], Awaitable[T]], params: P) -> T:
+        """Run one operation, translating failures and retrying aborted transactions."""
+        for run in range(1, CONFLICT_RETRIES + 1):
+            try:
+                with translate_errors():
+                    return await self._watch(op(self, params))
+            except _RETRYABLE as exc:
+                if run == CONFLICT_RETRIES:
+                    raise LedgerUnavailable(
+                        f"the database aborted the transaction {run} times: {exc}"
+                    ) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _watch(self, call: Awaitable[T]) -> T:
+        try:
+            return await call
+        except BaseException as exc:
+            if is_unavailable(exc):
+                # Connections opened before the failure may all be dead (a restart); make
+                # the pool replace each one at its next acquisition instead of failing on it.
+                await self.pool.expire_connections()
+            raise
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection in autocommit mode (for single-statement reads)."""
+        async with self.pool.acquire(timeout=ACQUIRE_TIMEOUT_S) as connection:
+            yield connection
+
+    @asynccontextmanager
+    async def transaction(self, *, readonly: bool = False) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection inside a READ COMMITTED transaction (REPEATABLE READ when
+        ``readonly``, so that several reads see one snapshot), committed on success."""
+        isolation = "repeatable_read" if readonly else "read_committed"
+        async with (
+            self.pool.acquire(timeout=ACQUIRE_TIMEOUT_S) as connection,
+            connection.transaction(isolation=isolation, readonly=readonly),
+        ):
+            yield connection
+
+    async def close(self) -> None:
+        await self.pool.close()

@@ -1,0 +1,164 @@
+"""A Carillon node: the supervised actors of one process, and their graceful shutdown.
+
+::
+
+    Node.run
+    └── Supervisor
+        ├── Membership          heartbeat; live-node set
+        ├── ClockMonitor        offset to the database clock; gates planning
+        ├── ChangeFeed          schedule changes -> the owning planner (watermark first)
+        ├── PlannerSupervisor   one Planner per owned partition, inside its trust window
+        └── LeaseKeeper         renew, expire locally, hand back extras, acquire fair share
+
+On cancellation (SIGTERM/SIGINT in ``carillon run``) the actors stop, then -- shielded and
+bounded by ``shutdown_timeout_s`` -- the node releases its leases, so other nodes take the
+partitions over at once instead of waiting for expiry, and leaves the membership.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any
+
+import msgspec
+import trio
+
+from engine.actors.change_feed import ChangeFeed, ChangeFeedConfig, ChangeFeedStatistics
+from engine.actors.clock_monitor import ClockMonitor, ClockMonitorConfig, ClockStatistics
+from engine.actors.lease_keeper import LeaseKeeper, LeaseKeeperConfig, LeaseStatistics
+from engine.actors.membership import Membership, MembershipConfig, MembershipStatistics
+from engine.actors.partitions import PartitionTable
+from engine.actors.planner import PlannerConfig
+from engine.actors.planner_supervisor import PlannerSupervisor, PlannerSupervisorStatistics
+from engine.actors.supervisor import ChildSpec, Supervisor, SupervisorStatistics
+from engine.clock import Clock
+from engine.config import NodeConfig
+from engine.core.timetable import TimetableCache
+from engine.errors import ConfigError, LedgerUnavailable
+from engine.ledger.base import Ledger
+
+log = logging.getLogger("carillon.node")
+
+
+class NodeStatistics(msgspec.Struct, frozen=True):
+    node_id: str
+    membership: MembershipStatistics
+    clock: ClockStatistics
+    leases: LeaseStatistics
+    changes: ChangeFeedStatistics
+    planners: PlannerSupervisorStatistics
+    supervisor: SupervisorStatistics
+
+
+class Node:
+    def __init__(
+        self, config: NodeConfig, ledger: Ledger, clock: Clock, rng: random.Random
+    ) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.clock = clock
+        self._rng = rng
+        self.table = PartitionTable()
+        self.cache = TimetableCache()
+        self.membership = Membership(
+            MembershipConfig(config.node_id, config.region, config.lease_ttl_s), ledger, rng
+        )
+        self.clock_monitor = ClockMonitor(
+            ClockMonitorConfig(config.clock_skew_bound_s, config.clock_probe_interval_s),
+            ledger,
+            clock,
+            rng,
+        )
+        self.lease_keeper = LeaseKeeper(
+            LeaseKeeperConfig(config.node_id, config.lease_ttl_s, config.lease_safety_margin_s),
+            ledger,
+            clock,
+            self.table,
+            self.membership,
+            rng,
+        )
+        self._planner_config = PlannerConfig(
+            lookahead_s=config.lookahead_s,
+            batch_max=config.plan_batch_max,
+            catchup_grace_s=config.catchup_grace_s,
+        )
+        self.planners = self._new_planner_supervisor()
+        self.change_feed = ChangeFeed(
+            ChangeFeedConfig(config.change_poll_interval_s), ledger, self, rng
+        )
+        self.supervisor = Supervisor(
+            [
+                ChildSpec("membership", lambda: self.membership),
+                ChildSpec("clock-monitor", lambda: self.clock_monitor),
+                ChildSpec("change-feed", lambda: self.change_feed),
+                ChildSpec("planners", self._restart_planners),
+                ChildSpec("lease-keeper", lambda: self.lease_keeper),
+            ],
+            clock=clock,
+            rng=rng,
+        )
+
+    def notify(self, partition_id: int, schedule_id: str) -> None:
+        """Change-feed sink: forward to whichever planner supervisor is current."""
+        self.planners.notify(partition_id, schedule_id)
+
+    async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run until cancelled, then shut down gracefully (bounded)."""
+        await self._check_node_id()
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.supervisor.run)
+                task_status.started()
+        finally:
+            with trio.move_on_after(self.config.shutdown_timeout_s) as scope:
+                scope.shield = True
+                await self._shutdown()
+            if scope.cancelled_caught:
+                log.warning("shutdown took longer than %.1f s", self.config.shutdown_timeout_s)
+
+    def statistics(self) -> NodeStatistics:
+        return NodeStatistics(
+            self.config.node_id,
+            self.membership.statistics(),
+            self.clock_monitor.statistics(),
+            self.lease_keeper.statistics(),
+            self.change_feed.statistics(),
+            self.planners.statistics(),
+            self.supervisor.statistics(),
+        )
+
+    def _new_planner_supervisor(self) -> PlannerSupervisor:
+        return PlannerSupervisor(
+            self._planner_config,
+            self.ledger,
+            self.clock_monitor,
+            self.cache,
+            self.table,
+            self._rng,
+        )
+
+    def _restart_planners(self) -> PlannerSupervisor:
+        self.planners = self._new_planner_supervisor()
+        return self.planners
+
+    async def _check_node_id(self) -> None:
+        try:
+            live = await self.ledger.nodes_live()
+        except LedgerUnavailable as exc:
+            log.warning("could not check that node id %s is free: %s", self.config.node_id, exc)
+            return
+        for node in live:
+            if node.node_id == self.config.node_id:
+                raise ConfigError(
+                    f"node id {self.config.node_id!r} is used by a live node (heartbeat until "
+                    f"{node.expires_at.isoformat()}); give each process its own id"
+                )
+
+    async def _shutdown(self) -> None:
+        try:
+            await self.lease_keeper.release_all()
+        except LedgerUnavailable as exc:
+            log.warning("could not release leases (they will expire): %s", exc)
+        await self.membership.leave()
+        log.info("node %s stopped", self.config.node_id)

@@ -1,0 +1,173 @@
+"""Whole nodes on the mock clock: planning exactly once through crashes, pauses, joins, skew."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+
+import msgspec
+import trio
+import trio.testing
+
+from engine.model import CatchUpPolicy, ExecutionStatus
+from tests.actors.harness import (
+    START,
+    all_executions,
+    cluster,
+    create,
+    expected_fires,
+    make_schedules,
+    within,
+)
+
+
+def count_ids(executions: list) -> Counter[tuple[str, object]]:  # type: ignore[type-arg]
+    return Counter((e.schedule_id, e.planned_at) for e in executions)
+
+
+async def test_three_nodes_plan_every_fire_of_a_day_exactly_once_and_ahead_of_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    schedules = make_schedules(1000, START)
+    async with cluster() as c:
+        await create(c.ledger, schedules)
+        for name in ("n1", "n2", "n3"):
+            await c.start_node(name)
+        await trio.sleep(24 * 3600)
+        owners = c.owners()
+    executions = await all_executions(c.ledger)
+    end = START + timedelta(hours=24) - timedelta(minutes=1)
+    window = within(executions, START, end)
+    assert set(count_ids(window)) == expected_fires(schedules, START, end)
+    assert max(count_ids(window).values()) == 1
+    assert all(e.status is ExecutionStatus.QUEUED for e in window)
+    # Durable before the instant: the lookahead wrote each one ahead of time.
+    late = [e for e in window if e.enqueued_at is None or e.enqueued_at > e.planned_at]
+    assert late == []
+    # The partitions were shared out fairly (16 over 3 nodes: 6, 5, 5).
+    assert sorted(len(p) for p in owners.values()) == [5, 5, 6]
+
+
+async def test_a_crashed_nodes_partitions_move_within_ttl_and_missed_fires_follow_policy(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    policies = [CatchUpPolicy.ALL, CatchUpPolicy.LATEST, CatchUpPolicy.NONE]
+    schedules = [
+        msgspec.structs.replace(s, catch_up=policies[n % 3])
+        for n, s in enumerate(make_schedules(300, START, lambda n: ("* * * * *", "UTC")))
+    ]
+    # A 30 s lease and a 5 s grace: a fire due just after the crash is missed, not just late.
+    async with cluster(catchup_grace_s=5, lease_ttl_s=30) as c:
+        await create(c.ledger, schedules)
+        for name in ("n1", "n2", "n3"):
+            await c.start_node(name)
+        await trio.sleep(620)  # crash at 00:10:50, ten seconds before the next fire
+        victim = c.nodes["n1"]
+        lost = set(victim.node.table)
+        assert lost
+        victim.ledger.crashed = True  # the process is gone: nothing it does reaches the ledger
+        victim.scope.cancel()
+        del c.nodes["n1"]
+        crashed_at = c.db_clock.now()
+        await trio.sleep(30 + 10 + 1)  # TTL + renew interval
+        survivors = set().union(*c.owners().values())
+        assert survivors == set(range(16))
+        await trio.sleep(600)
+    executions = await all_executions(c.ledger)
+    end = START + timedelta(minutes=20)
+    window = within(executions, START, end)
+    assert set(count_ids(window)) == expected_fires(schedules, START, end)
+    assert max(count_ids(window).values()) == 1
+    policy_of = {s.schedule_id: s.catch_up for s in schedules}
+    skipped = [e for e in window if e.status is ExecutionStatus.SKIPPED]
+    assert skipped, "the outage should have made some fires miss their grace"
+    for execution in skipped:
+        assert crashed_at < execution.planned_at < crashed_at + timedelta(seconds=41)
+        expected_reason = {
+            CatchUpPolicy.NONE: "catchup_none",
+            CatchUpPolicy.LATEST: "catchup_latest_only",
+        }.get(policy_of[execution.schedule_id])
+        assert execution.error_code == expected_reason
+    none_schedules = {s for s, p in policy_of.items() if p is CatchUpPolicy.NONE}
+    assert any(e.schedule_id in none_schedules for e in skipped)
+
+
+async def test_a_paused_node_is_fenced_off_and_steps_down_without_double_planning(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    schedules = make_schedules(200, START, lambda n: ("* * * * *", "UTC"))
+    async with cluster() as c:
+        await create(c.ledger, schedules)
+        await c.start_node("n1")
+        await c.start_node("n2")
+        await trio.sleep(300)
+        zombie = c.nodes["n1"]
+        zombie.ledger.pause_at_next("executions_plan")
+        await zombie.ledger.paused_in_flight.wait()
+        await trio.sleep(60)  # far past the 15 s lease TTL: n2 takes every partition
+        assert set(c.nodes["n2"].node.table) == set(range(16))
+        zombie.ledger.resume()
+        await trio.sleep(1)
+        # The write it had in flight was refused, and it stopped planning that partition.
+        assert zombie.ledger.calls_after_resume[0] == ("executions_plan", "lease-lost")
+        await trio.sleep(300)
+        assert sorted(len(p) for p in c.owners().values()) == [8, 8]
+    executions = await all_executions(c.ledger)
+    end = START + timedelta(minutes=10)
+    window = within(executions, START, end)
+    assert set(count_ids(window)) == expected_fires(schedules, START, end)
+    assert max(count_ids(window).values()) == 1
+    assert all(e.status is ExecutionStatus.QUEUED for e in window)
+
+
+async def test_a_joining_node_gets_its_share_without_a_planning_gap(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    schedules = make_schedules(400, START, lambda n: ("* * * * *", "UTC"))
+    async with cluster() as c:
+        await create(c.ledger, schedules)
+        await c.start_node("n1")
+        await c.start_node("n2")
+        await trio.sleep(1800)
+        await c.start_node("n3")
+        await trio.sleep(60)
+        assert sorted(len(p) for p in c.owners().values()) == [5, 5, 6]
+        await trio.sleep(600)
+    executions = await all_executions(c.ledger)
+    end = START + timedelta(minutes=40)
+    window = within(executions, START, end)
+    assert set(count_ids(window)) == expected_fires(schedules, START, end)
+    assert max(count_ids(window).values()) == 1
+    late = [e for e in window if e.enqueued_at is None or e.enqueued_at > e.planned_at]
+    assert late == []
+
+
+async def test_planning_pauses_while_the_clock_is_skewed_beyond_the_bound(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    schedules = make_schedules(50, START, lambda n: ("* * * * *", "UTC"))
+    async with cluster() as c:
+        await create(c.ledger, schedules)
+        node = await c.start_node("n1", skew_s=30)
+        await trio.sleep(600)
+        assert await all_executions(c.ledger) == []
+        stats = node.node.clock_monitor.statistics()
+        assert not stats.planning_allowed
+        assert "off the database" in stats.reason
+        node.clock.set_skew(0)
+        await trio.sleep(120)
+        assert node.node.clock_monitor.statistics().planning_allowed
+        await trio.sleep(300)
+    executions = await all_executions(c.ledger)
+    end = START + timedelta(minutes=15)
+    window = within(executions, START, end)
+    assert set(count_ids(window)) == expected_fires(schedules, START, end)
+    assert max(count_ids(window).values()) == 1
+    # Missed while paused: the default catch-up policy (latest) ran the newest, recorded the rest.
+    assert {e.error_code for e in window if e.status is ExecutionStatus.SKIPPED} == {
+        "catchup_window",
+        "catchup_latest_only",
+    } or {e.error_code for e in window if e.status is ExecutionStatus.SKIPPED} <= {
+        "catchup_window",
+        "catchup_latest_only",
+    }

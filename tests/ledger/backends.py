@@ -1,0 +1,111 @@
+"""The ledger backends the contract suite runs against, behind one small interface.
+
+* ``memory``: :class:`MemoryLedger` on a :class:`ManualClock`; ``advance`` moves its clock.
+* ``postgres``: :class:`PostgresLedger` on a fresh database cloned from a migrated template
+  (``CREATE DATABASE ... TEMPLATE``), dropped after the test; ``advance`` really waits, since
+  Postgres judges expiry by its own ``now()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from urllib.parse import urlsplit
+
+import trio
+
+from engine.ledger.base import Ledger
+from engine.ledger.database import url_with_database as with_database
+from engine.testing import ManualClock
+
+PARTITIONS = 8
+START = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+@dataclass
+class Backend:
+    name: str
+    ledger: Ledger
+    clock: ManualClock | None
+
+    async def advance(self, seconds: float) -> None:
+        """Let ``seconds`` pass on the ledger's clock."""
+        if self.clock is not None:
+            self.clock.advance(seconds)
+            await trio.lowlevel.checkpoint()
+        else:
+            await trio.sleep(seconds)
+
+
+@asynccontextmanager
+async def memory_backend() -> AsyncIterator[Backend]:
+    from engine.ledger.memory import MemoryLedger
+
+    clock = ManualClock(START)
+    yield Backend("memory", MemoryLedger(clock=clock, partition_count=PARTITIONS), clock)
+
+
+async def _admin(url: str, *statements: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        for statement in statements:
+            await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+def make_template(database_url: str) -> str:
+    """Migrate a template database once per session; returns its name."""
+    from engine.ledger.postgres.migrate import migrate
+
+    template = f"{urlsplit(database_url).path.lstrip('/')}_tpl"
+
+    async def build() -> None:
+        import asyncpg
+
+        await _admin(database_url, f'CREATE DATABASE "{template}"')
+        conn = await asyncpg.connect(with_database(database_url, template))
+        try:
+            await migrate(conn, partitions=PARTITIONS)
+        finally:
+            await conn.close()
+
+    asyncio.run(build())
+    return template
+
+
+def drop_template(database_url: str, template: str) -> None:
+    asyncio.run(_admin(database_url, f'DROP DATABASE IF EXISTS "{template}" WITH (FORCE)'))
+
+
+@asynccontextmanager
+async def postgres_template_database(database_url: str, template: str) -> AsyncIterator[str]:
+    """A fresh, migrated database cloned from ``template``; yields its URL, drops it after."""
+    name = f"{template}_{secrets.token_hex(4)}"
+    await trio.to_thread.run_sync(
+        asyncio.run, _admin(database_url, f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    )
+    try:
+        yield with_database(database_url, name)
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(
+                asyncio.run, _admin(database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            )
+
+
+@asynccontextmanager
+async def postgres_backend(database_url: str, template: str) -> AsyncIterator[Backend]:
+    from engine.ledger.postgres import open_postgres_ledger
+
+    async with (
+        postgres_template_database(database_url, template) as url,
+        open_postgres_ledger(url) as ledger,
+    ):
+        yield Backend("postgres", ledger, None)

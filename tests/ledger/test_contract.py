@@ -1,0 +1,791 @@
+"""The ledger contract: one suite, run against every backend (memory and real Postgres).
+
+A semantic change to the ledger lands here first. Times are taken from the ledger's own
+clock (``database_now``), because Postgres judges expiry by its ``now()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+
+import pytest
+import trio
+
+from engine.core.dst import DstGap, DstOverlap
+from engine.core.hashing import partition_of
+from engine.errors import (
+    AlreadyExists,
+    InvalidField,
+    LeaseLost,
+    NotFound,
+    VersionConflict,
+)
+from engine.ledger.base import (
+    BATCH_ROWS_MAX,
+    PAGE_SIZE_MAX,
+    ChangeKind,
+    Completion,
+    DeadLettersReplay,
+    ExecutionsClaim,
+    ExecutionsComplete,
+    ExecutionsDue,
+    ExecutionsPlan,
+    ExecutionsPurge,
+    ExecutionsQuery,
+    ExecutionsRequeueExpired,
+    Fence,
+    LeasesAcquire,
+    LeasesRelease,
+    LeasesRenew,
+    NodesHeartbeat,
+    Outcome,
+    PlannedExecution,
+    ScheduleAdvance,
+    ScheduleChangesSince,
+    SchedulesCreate,
+    SchedulesDelete,
+    SchedulesList,
+    SchedulesUpdate,
+)
+from engine.model import (
+    PAYLOAD_BYTES_MAX,
+    CatchUpPolicy,
+    ExecutionStatus,
+    OverlapPolicy,
+    Schedule,
+    execution_id,
+)
+from tests.ledger.backends import (
+    PARTITIONS,
+    Backend,
+    memory_backend,
+    postgres_backend,
+)
+
+TTL_S = 0.6
+"""Short enough that expiry tests on real Postgres wait little, long enough to not flake."""
+
+
+@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    if request.param == "memory":
+        async with memory_backend() as opened:
+            yield opened
+    else:
+        database_url = request.getfixturevalue("database_url")
+        template = request.getfixturevalue("postgres_template")
+        async with postgres_backend(database_url, template) as opened:
+            yield opened
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def ids_in_partition(partition: int, count: int, prefix: str = "s") -> list[str]:
+    found: list[str] = []
+    n = 0
+    while len(found) < count:
+        candidate = f"{prefix}-{n}"
+        if partition_of(candidate, PARTITIONS) == partition:
+            found.append(candidate)
+        n += 1
+    return found
+
+
+def schedule(schedule_id: str, **overrides: object) -> Schedule:
+    fields: dict[str, object] = {
+        "schedule_id": schedule_id,
+        "tenant_id": "acme",
+        "cron_expr": "* * * * *",
+        "task_type": "noop",
+    }
+    fields.update(overrides)
+    return Schedule(**fields)  # type: ignore[arg-type]
+
+
+async def own(backend: Backend, partition: int, owner: str = "node-a") -> Fence:
+    [lease] = await backend.ledger.leases_acquire(
+        LeasesAcquire(owner_id=owner, partition_ids=[partition], ttl_s=TTL_S * 50)
+    )
+    return Fence(lease.partition_id, owner, lease.fencing_token)
+
+
+async def planned(
+    backend: Backend, fence: Fence, schedule_ids: list[str], at: datetime
+) -> list[str]:
+    stored = [await backend.ledger.schedules_get(sid) for sid in schedule_ids]
+    result = await backend.ledger.executions_plan(
+        ExecutionsPlan(
+            fence=fence,
+            executions=[
+                PlannedExecution(s.schedule_id, s.tenant_id, s.task_type, at) for s in stored
+            ],
+            advances=[
+                ScheduleAdvance(s.schedule_id, at + timedelta(minutes=1), s.version) for s in stored
+            ],
+            checkpoint=at,
+        )
+    )
+    return result.inserted
+
+
+async def due_now(backend: Backend, partition: int, after: float = 0.0) -> list[str]:
+    now = await backend.ledger.database_now()
+    due = await backend.ledger.executions_due(
+        ExecutionsDue([partition], now + timedelta(seconds=after))
+    )
+    return [e.execution_id for e in due]
+
+
+# --- cluster ---------------------------------------------------------------------------------
+
+
+async def test_database_time_is_aware_utc_and_settings_are_readable(backend: Backend) -> None:
+    now = await backend.ledger.database_now()
+    assert now.utcoffset() == timedelta(0)
+    settings = await backend.ledger.cluster_get()
+    assert settings.partition_count == PARTITIONS
+    assert settings.region_epoch >= 0
+
+
+# --- schedules -------------------------------------------------------------------------------
+
+
+async def test_create_assigns_version_partition_and_timestamp(backend: Backend) -> None:
+    [created] = await backend.ledger.schedules_create(
+        SchedulesCreate(
+            [
+                schedule(
+                    "billing",
+                    payload={"plan": "pro", "n": [1, 2.5, None]},
+                    version=7,
+                    timezone="Europe/Paris",
+                    catch_up=CatchUpPolicy.NONE,
+                    catch_up_window_s=120.0,
+                    dst_gap=DstGap.SKIP,
+                    dst_overlap=DstOverlap.BOTH,
+                    overlap=OverlapPolicy.ALLOW,
+                    enabled=False,
+                )
+            ]
+        )
+    )
+    assert created.version == 1
+    assert created.partition_id == partition_of("billing", PARTITIONS)
+    assert created.updated_at is not None
+    fetched = await backend.ledger.schedules_get("billing")
+    assert fetched == created
+    assert fetched.payload == {"plan": "pro", "n": [1, 2.5, None]}
+    assert (fetched.catch_up, fetched.dst_gap, fetched.overlap) == (
+        CatchUpPolicy.NONE,
+        DstGap.SKIP,
+        OverlapPolicy.ALLOW,
+    )
+
+
+async def test_create_is_all_or_nothing_and_names_existing_ids(backend: Backend) -> None:
+    await backend.ledger.schedules_create(SchedulesCreate([schedule("a")]))
+    with pytest.raises(AlreadyExists) as raised:
+        await backend.ledger.schedules_create(SchedulesCreate([schedule("b"), schedule("a")]))
+    assert raised.value.ids == ("a",)
+    with pytest.raises(NotFound):
+        await backend.ledger.schedules_get("b")
+
+
+async def test_payload_at_the_limit_is_stored_and_over_it_refused(backend: Backend) -> None:
+    overhead = len(b'{"blob":""}')
+    at_limit = {"blob": "x" * (PAYLOAD_BYTES_MAX - overhead)}
+    await backend.ledger.schedules_create(SchedulesCreate([schedule("big", payload=at_limit)]))
+    assert (await backend.ledger.schedules_get("big")).payload == at_limit
+    over = {"blob": "x" * (PAYLOAD_BYTES_MAX - overhead + 1)}
+    with pytest.raises(InvalidField, match="payload"):
+        await backend.ledger.schedules_create(SchedulesCreate([schedule("bigger", payload=over)]))
+    with pytest.raises(NotFound):
+        await backend.ledger.schedules_get("bigger")
+
+
+async def test_update_needs_the_current_version(backend: Backend) -> None:
+    [created] = await backend.ledger.schedules_create(SchedulesCreate([schedule("s")]))
+    changed = schedule("s", cron_expr="0 * * * *", enabled=False)
+    updated = await backend.ledger.schedules_update(SchedulesUpdate(changed, expected_version=1))
+    assert (updated.version, updated.cron_expr, updated.enabled) == (2, "0 * * * *", False)
+    assert updated.partition_id == created.partition_id
+    # A second writer that read version 1 loses, and changes nothing.
+    with pytest.raises(VersionConflict):
+        await backend.ledger.schedules_update(
+            SchedulesUpdate(schedule("s", cron_expr="5 * * * *"), expected_version=1)
+        )
+    assert (await backend.ledger.schedules_get("s")).cron_expr == "0 * * * *"
+    with pytest.raises(NotFound):
+        await backend.ledger.schedules_update(SchedulesUpdate(schedule("nope"), 1))
+
+
+async def test_delete_skips_pending_executions_and_frees_the_id(backend: Backend) -> None:
+    partition = 3
+    [sid] = ids_in_partition(partition, 1)
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+    fence = await own(backend, partition)
+    now = await backend.ledger.database_now()
+    [first, second] = [now - timedelta(minutes=2), now - timedelta(minutes=1)]
+    await planned(backend, fence, [sid], first)
+    await planned(backend, fence, [sid], second)
+    [running] = await backend.ledger.executions_claim(
+        ExecutionsClaim([fence], [execution_id(sid, first)], attempt_lease_s=60, node_id="n")
+    )
+    with pytest.raises(VersionConflict):
+        await backend.ledger.schedules_delete(SchedulesDelete(sid, expected_version=99))
+    await backend.ledger.schedules_delete(SchedulesDelete(sid))
+    with pytest.raises(NotFound):
+        await backend.ledger.schedules_get(sid)
+    pending = (await backend.ledger.executions_get(execution_id(sid, second))).execution
+    assert pending.status is ExecutionStatus.SKIPPED
+    assert pending.error_code == "schedule_deleted"
+    still = (await backend.ledger.executions_get(running.execution_id)).execution
+    assert still.status is ExecutionStatus.RUNNING
+    # Planning never brings a deleted schedule back.
+    result = await backend.ledger.executions_plan(
+        ExecutionsPlan(fence, [PlannedExecution(sid, "acme", "noop", now)], [], None)
+    )
+    assert result.inserted == []
+    with pytest.raises(NotFound):
+        await backend.ledger.schedules_delete(SchedulesDelete(sid))
+    [again] = await backend.ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+    assert again.version == 2  # versions never repeat across incarnations of an id
+
+
+async def test_list_filters_and_paginates_in_id_order(backend: Backend) -> None:
+    batch = [
+        schedule(f"s{n:02d}", tenant_id="acme" if n % 2 else "globex", enabled=n % 3 != 0)
+        for n in range(25)
+    ]
+    await backend.ledger.schedules_create(SchedulesCreate(batch))
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page = await backend.ledger.schedules_list(SchedulesList(cursor=cursor, limit=10))
+        seen += [s.schedule_id for s in page.items]
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert seen == sorted(s.schedule_id for s in batch)
+    acme = await backend.ledger.schedules_list(SchedulesList(tenant_id="acme", limit=100))
+    assert {s.tenant_id for s in acme.items} == {"acme"}
+    assert len(acme.items) == 12
+    disabled = await backend.ledger.schedules_list(SchedulesList(enabled=False, limit=100))
+    assert len(disabled.items) == 9
+    part = await backend.ledger.schedules_list(SchedulesList(partition_id=2, limit=100))
+    assert all(s.partition_id == 2 for s in part.items)
+    with pytest.raises(InvalidField):
+        await backend.ledger.schedules_list(SchedulesList(cursor="not-a-cursor"))
+    with pytest.raises(InvalidField):
+        await backend.ledger.schedules_list(SchedulesList(limit=PAGE_SIZE_MAX + 1))
+
+
+async def test_change_feed_lists_writes_in_order_from_a_watermark(backend: Backend) -> None:
+    await backend.ledger.schedules_create(SchedulesCreate([schedule("x"), schedule("y")]))
+    await backend.ledger.schedules_update(SchedulesUpdate(schedule("x", enabled=False), 1))
+    await backend.ledger.schedules_delete(SchedulesDelete("y"))
+    changes = await backend.ledger.schedule_changes(ScheduleChangesSince(after_seq=0))
+    assert [(c.schedule_id, c.kind, c.version) for c in changes] == [
+        ("x", ChangeKind.CREATED, 1),
+        ("y", ChangeKind.CREATED, 1),
+        ("x", ChangeKind.UPDATED, 2),
+        ("y", ChangeKind.DELETED, 1),
+    ]
+    seqs = [c.seq for c in changes]
+    assert seqs == sorted(set(seqs))
+    assert changes[0].partition_id == partition_of("x", PARTITIONS)
+    rest = await backend.ledger.schedule_changes(ScheduleChangesSince(after_seq=seqs[1]))
+    assert [c.seq for c in rest] == seqs[2:]
+    first = await backend.ledger.schedule_changes(ScheduleChangesSince(after_seq=0, limit=1))
+    assert [c.seq for c in first] == seqs[:1]
+
+
+async def test_change_head_is_where_a_new_reader_starts(backend: Backend) -> None:
+    assert await backend.ledger.schedule_changes_head() == 0
+    await backend.ledger.schedules_create(SchedulesCreate([schedule("h1"), schedule("h2")]))
+    head = await backend.ledger.schedule_changes_head()
+    changes = await backend.ledger.schedule_changes(ScheduleChangesSince(after_seq=0))
+    assert head == changes[-1].seq
+    assert await backend.ledger.schedule_changes(ScheduleChangesSince(after_seq=head)) == []
+
+
+async def test_change_wait_returns_at_once_for_a_pending_change_and_times_out(
+    backend: Backend,
+) -> None:
+    assert await backend.ledger.schedule_changes_wait(after_seq=0, timeout_s=0.05) is False
+    await backend.ledger.schedules_create(SchedulesCreate([schedule("w")]))
+    [change] = await backend.ledger.schedule_changes(ScheduleChangesSince(after_seq=0))
+    with trio.fail_after(5):
+        assert await backend.ledger.schedule_changes_wait(after_seq=0, timeout_s=30) is True
+    assert await backend.ledger.schedule_changes_wait(change.seq, timeout_s=0.05) is False
+
+
+async def test_change_wait_wakes_when_a_change_commits(backend: Backend) -> None:
+    woke: list[bool] = []
+
+    async def waiter() -> None:
+        woke.append(await backend.ledger.schedule_changes_wait(after_seq=0, timeout_s=10))
+
+    with trio.fail_after(8):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            await trio.sleep(0.2)
+            await backend.ledger.schedules_create(SchedulesCreate([schedule("late")]))
+    assert woke == [True]
+
+
+# --- leases and membership --------------------------------------------------------------------
+
+
+async def test_leases_start_free_and_acquisition_increments_the_token(backend: Backend) -> None:
+    leases = await backend.ledger.leases_list()
+    assert [lease.partition_id for lease in leases] == list(range(PARTITIONS))
+    assert all(lease.owner_id is None for lease in leases)
+    acquired = await backend.ledger.leases_acquire(LeasesAcquire("a", [0, 1], ttl_s=TTL_S))
+    assert [(x.partition_id, x.owner_id) for x in acquired] == [(0, "a"), (1, "a")]
+    tokens = {x.partition_id: x.fencing_token for x in acquired}
+    now = await backend.ledger.database_now()
+    assert all(x.expires_at is not None and x.expires_at > now for x in acquired)
+    # Held partitions are not taken -- not by another node, not again by the holder.
+    assert await backend.ledger.leases_acquire(LeasesAcquire("b", [0, 1], TTL_S)) == []
+    assert await backend.ledger.leases_acquire(LeasesAcquire("a", [0], TTL_S)) == []
+    await backend.advance(TTL_S + 0.1)
+    [taken] = await backend.ledger.leases_acquire(LeasesAcquire("b", [0], ttl_s=TTL_S))
+    assert taken.owner_id == "b"
+    assert taken.fencing_token > tokens[0]
+
+
+async def test_renew_extends_only_leases_whose_fence_holds(backend: Backend) -> None:
+    fence = await own(backend, 2, "a")
+    stale = Fence(2, "a", fence.fencing_token - 1)
+    other = Fence(2, "b", fence.fencing_token)
+    [renewed] = await backend.ledger.leases_renew(LeasesRenew([fence], ttl_s=TTL_S * 100))
+    assert renewed.fencing_token == fence.fencing_token
+    assert await backend.ledger.leases_renew(LeasesRenew([stale, other], TTL_S)) == []
+    [lease] = await backend.ledger.leases_acquire(LeasesAcquire("a", [4], ttl_s=TTL_S))
+    short = Fence(4, "a", lease.fencing_token)
+    await backend.advance(TTL_S + 0.1)
+    # Once expired in the ledger's clock a lease cannot be renewed, only re-acquired.
+    assert await backend.ledger.leases_renew(LeasesRenew([short], TTL_S)) == []
+
+
+async def test_release_hands_over_at_once_and_tokens_are_never_reused(backend: Backend) -> None:
+    tokens = []
+    for owner in ["a", "b", "a", "c"]:
+        fence = await own(backend, 5, owner)
+        tokens.append(fence.fencing_token)
+        assert await backend.ledger.leases_release(LeasesRelease([fence])) == 1
+        assert await backend.ledger.leases_release(LeasesRelease([fence])) == 0
+    assert tokens == sorted(set(tokens))
+    [lease] = [x for x in await backend.ledger.leases_list() if x.partition_id == 5]
+    assert lease.owner_id is None
+    assert lease.fencing_token == tokens[-1]
+
+
+async def test_membership_lists_live_nodes_by_ledger_time(backend: Backend) -> None:
+    await backend.ledger.nodes_heartbeat(NodesHeartbeat("n1", "eu", ttl_s=TTL_S))
+    info = await backend.ledger.nodes_heartbeat(NodesHeartbeat("n2", "eu", ttl_s=TTL_S * 100))
+    assert info.expires_at > info.last_seen_at
+    assert [n.node_id for n in await backend.ledger.nodes_live()] == ["n1", "n2"]
+    await backend.advance(TTL_S + 0.1)
+    assert [n.node_id for n in await backend.ledger.nodes_live()] == ["n2"]
+    await backend.ledger.nodes_leave("n2")
+    assert await backend.ledger.nodes_live() == []
+
+
+# --- planning ---------------------------------------------------------------------------------
+
+
+async def test_plan_inserts_advances_and_checkpoints_idempotently(backend: Backend) -> None:
+    partition = 1
+    sids = ids_in_partition(partition, 3)
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(s) for s in sids]))
+    fence = await own(backend, partition)
+    at = (await backend.ledger.database_now()).replace(microsecond=0) + timedelta(seconds=30)
+    inserted = await planned(backend, fence, sids, at)
+    assert sorted(inserted) == sorted(execution_id(s, at) for s in sids)
+    for sid in sids:
+        stored = await backend.ledger.schedules_get(sid)
+        assert stored.next_run_at == at + timedelta(minutes=1)
+        detail = await backend.ledger.executions_get(execution_id(sid, at))
+        assert detail.execution.status is ExecutionStatus.QUEUED
+        assert detail.execution.fencing_token == fence.fencing_token
+        assert detail.execution.partition_id == partition
+        assert detail.execution.enqueued_at is not None
+    [checkpoint] = await backend.ledger.checkpoints_get([partition])
+    assert checkpoint.last_evaluated_at == at
+    # Re-planning (a restarted planner, a lost reply) inserts nothing new.
+    again = await backend.ledger.executions_plan(
+        ExecutionsPlan(
+            fence,
+            [PlannedExecution(s, "acme", "noop", at) for s in sids],
+            [],
+            checkpoint=at - timedelta(hours=1),
+        )
+    )
+    assert again.inserted == []
+    [checkpoint] = await backend.ledger.checkpoints_get([partition])
+    assert checkpoint.last_evaluated_at == at  # never moves backwards
+
+
+async def test_plan_does_not_advance_a_schedule_updated_meanwhile(backend: Backend) -> None:
+    [sid] = ids_in_partition(6, 1)
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+    fence = await own(backend, 6)
+    await backend.ledger.schedules_update(SchedulesUpdate(schedule(sid, cron_expr="0 * * * *"), 1))
+    at = await backend.ledger.database_now()
+    result = await backend.ledger.executions_plan(
+        ExecutionsPlan(fence, [], [ScheduleAdvance(sid, at, expected_version=1)], None)
+    )
+    assert (result.advanced, result.stale) == ([], [sid])
+    assert (await backend.ledger.schedules_get(sid)).next_run_at is None
+
+
+async def test_plan_records_skipped_fires_as_terminal(backend: Backend) -> None:
+    [sid] = ids_in_partition(0, 1)
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+    fence = await own(backend, 0)
+    at = (await backend.ledger.database_now()).replace(microsecond=0) - timedelta(hours=3)
+    skipped = PlannedExecution(
+        sid, "acme", "noop", at, ExecutionStatus.SKIPPED, "catchup_window", "missed"
+    )
+    await backend.ledger.executions_plan(ExecutionsPlan(fence, [skipped], [], None))
+    execution = (await backend.ledger.executions_get(execution_id(sid, at))).execution
+    assert execution.status is ExecutionStatus.SKIPPED
+    assert execution.error_code == "catchup_window"
+    assert execution.finished_at is not None
+    assert await due_now(backend, 0) == []
+
+
+async def test_plan_refuses_schedules_of_another_partition(backend: Backend) -> None:
+    [sid] = ids_in_partition(2, 1)
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+    fence = await own(backend, 3)
+    at = await backend.ledger.database_now()
+    with pytest.raises(InvalidField):
+        await backend.ledger.executions_plan(
+            ExecutionsPlan(fence, [PlannedExecution(sid, "acme", "noop", at)], [], None)
+        )
+
+
+async def test_a_stale_or_expired_fence_changes_nothing(backend: Backend) -> None:
+    [sid] = ids_in_partition(7, 1)
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+    [lease] = await backend.ledger.leases_acquire(LeasesAcquire("a", [7], ttl_s=TTL_S))
+    fence = Fence(7, "a", lease.fencing_token)
+    at = (await backend.ledger.database_now()).replace(microsecond=0)
+    plan = ExecutionsPlan(
+        Fence(7, "a", lease.fencing_token + 1),
+        [PlannedExecution(sid, "acme", "noop", at)],
+        [ScheduleAdvance(sid, at, 1)],
+        checkpoint=at,
+    )
+    with pytest.raises(LeaseLost) as raised:
+        await backend.ledger.executions_plan(plan)
+    assert raised.value.partitions == (7,)
+    await backend.advance(TTL_S + 0.1)
+    with pytest.raises(LeaseLost):
+        await backend.ledger.executions_plan(
+            ExecutionsPlan(fence, plan.executions, plan.advances, at)
+        )
+    with pytest.raises(NotFound):
+        await backend.ledger.executions_get(execution_id(sid, at))
+    assert (await backend.ledger.schedules_get(sid)).next_run_at is None
+    assert await backend.ledger.checkpoints_get([7]) == []
+
+
+async def test_a_zombie_cannot_plan_claim_or_complete_after_a_takeover(backend: Backend) -> None:
+    [sid] = ids_in_partition(4, 1)
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+    [lease] = await backend.ledger.leases_acquire(LeasesAcquire("zombie", [4], ttl_s=TTL_S))
+    zombie = Fence(4, "zombie", lease.fencing_token)
+    at = (await backend.ledger.database_now()).replace(microsecond=0) - timedelta(seconds=5)
+    await planned(backend, zombie, [sid], at)
+    eid = execution_id(sid, at)
+    [claimed] = await backend.ledger.executions_claim(
+        ExecutionsClaim([zombie], [eid], attempt_lease_s=TTL_S, node_id="zombie")
+    )
+    await backend.advance(TTL_S + 0.1)  # the zombie pauses past its lease
+    successor = await own(backend, 4, "successor")
+    assert successor.fencing_token > zombie.fencing_token
+    with pytest.raises(LeaseLost):
+        await planned(backend, zombie, [sid], at + timedelta(minutes=1))
+    with pytest.raises(LeaseLost):
+        await backend.ledger.executions_claim(ExecutionsClaim([zombie], [eid], 60, "zombie"))
+    with pytest.raises(LeaseLost):
+        await backend.ledger.executions_complete(
+            ExecutionsComplete([zombie], [Completion(eid, claimed.attempt, Outcome.SUCCEEDED)])
+        )
+    with pytest.raises(LeaseLost):
+        await backend.ledger.executions_requeue_expired(ExecutionsRequeueExpired([zombie]))
+    assert (await backend.ledger.executions_get(eid)).execution.status is ExecutionStatus.RUNNING
+    # The successor recovers the abandoned attempt.
+    assert await backend.ledger.executions_requeue_expired(
+        ExecutionsRequeueExpired([successor])
+    ) == [eid]
+
+
+# --- execution ------------------------------------------------------------------------------
+
+
+async def test_due_and_claim_never_start_early(backend: Backend) -> None:
+    sids = ids_in_partition(2, 2)
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(s) for s in sids]))
+    fence = await own(backend, 2)
+    now = (await backend.ledger.database_now()).replace(microsecond=0)
+    past, future = now - timedelta(seconds=1), now + timedelta(minutes=10)
+    await planned(backend, fence, sids[:1], past)
+    await planned(backend, fence, sids[1:], future)
+    assert await due_now(backend, 2) == [execution_id(sids[0], past)]
+    later = await due_now(backend, 2, after=3600)
+    assert later == [execution_id(sids[0], past), execution_id(sids[1], future)]
+    claimed = await backend.ledger.executions_claim(
+        ExecutionsClaim(
+            [fence],
+            [execution_id(sids[0], past), execution_id(sids[1], future)],
+            attempt_lease_s=30,
+            node_id="n1",
+        )
+    )
+    assert [c.execution_id for c in claimed] == [execution_id(sids[0], past)]
+    [running] = claimed
+    assert (running.status, running.attempt) == (ExecutionStatus.RUNNING, 1)
+    assert running.started_at is not None
+    assert running.attempt_expires_at is not None
+    assert running.attempt_expires_at > running.started_at
+    # Already running: a second claim (another worker, a redelivery) gets nothing.
+    assert (
+        await backend.ledger.executions_claim(
+            ExecutionsClaim([fence], [running.execution_id], 30, "n2")
+        )
+        == []
+    )
+
+
+async def test_only_the_current_attempt_completes(backend: Backend) -> None:
+    [sid] = ids_in_partition(1, 1)
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+    fence = await own(backend, 1)
+    at = (await backend.ledger.database_now()).replace(microsecond=0) - timedelta(seconds=1)
+    await planned(backend, fence, [sid], at)
+    eid = execution_id(sid, at)
+    [running] = await backend.ledger.executions_claim(ExecutionsClaim([fence], [eid], 30, "n"))
+    result = await backend.ledger.executions_complete(
+        ExecutionsComplete(
+            [fence],
+            [Completion(eid, running.attempt + 1, Outcome.SUCCEEDED)],
+        )
+    )
+    assert (result.applied, result.stale) == ([], [eid])
+    done = await backend.ledger.executions_complete(
+        ExecutionsComplete([fence], [Completion(eid, running.attempt, Outcome.SUCCEEDED)])
+    )
+    assert done.applied == [eid]
+    again = await backend.ledger.executions_complete(
+        ExecutionsComplete([fence], [Completion(eid, running.attempt, Outcome.SUCCEEDED)])
+    )
+    assert again.stale == [eid]
+    detail = await backend.ledger.executions_get(eid)
+    assert detail.execution.status is ExecutionStatus.SUCCEEDED
+    assert detail.execution.finished_at is not None
+    assert [(a.attempt, a.outcome) for a in detail.attempts] == [(1, "succeeded")]
+
+
+async def test_failed_attempts_retry_after_not_before_then_dead_letter_and_replay(
+    backend: Backend,
+) -> None:
+    [sid] = ids_in_partition(3, 1)
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+    fence = await own(backend, 3)
+    at = (await backend.ledger.database_now()).replace(microsecond=0) - timedelta(seconds=1)
+    await planned(backend, fence, [sid], at)
+    eid = execution_id(sid, at)
+    claim = ExecutionsClaim([fence], [eid], attempt_lease_s=30, node_id="n")
+    [first] = await backend.ledger.executions_claim(claim)
+    retry_at = (await backend.ledger.database_now()) + timedelta(seconds=TTL_S)
+    await backend.ledger.executions_complete(
+        ExecutionsComplete(
+            [fence],
+            [Completion(eid, first.attempt, Outcome.FAILED, retry_at, "http_503", "busy")],
+        )
+    )
+    failed = (await backend.ledger.executions_get(eid)).execution
+    assert (failed.status, failed.not_before, failed.error_code) == (
+        ExecutionStatus.FAILED,
+        retry_at,
+        "http_503",
+    )
+    assert await due_now(backend, 3) == []
+    assert await backend.ledger.executions_claim(claim) == []
+    await backend.advance(TTL_S + 0.1)
+    assert await due_now(backend, 3) == [eid]
+    [second] = await backend.ledger.executions_claim(claim)
+    assert second.attempt == 2
+    await backend.ledger.executions_complete(
+        ExecutionsComplete(
+            [fence],
+            [Completion(eid, 2, Outcome.DEAD_LETTER, error_code="http_404", error_message="gone")],
+        )
+    )
+    letters = await backend.ledger.executions_query(
+        ExecutionsQuery(status=ExecutionStatus.DEAD_LETTER)
+    )
+    assert [e.execution_id for e in letters.items] == [eid]
+    assert await backend.ledger.dead_letters_replay(DeadLettersReplay([eid, "nope:x"])) == [eid]
+    replayed = (await backend.ledger.executions_get(eid)).execution
+    assert replayed.status is ExecutionStatus.QUEUED
+    [third] = await backend.ledger.executions_claim(claim)
+    assert third.execution_id == eid  # the same id: the idempotency key is unchanged
+    assert third.attempt == 3
+    history = (await backend.ledger.executions_get(eid)).attempts
+    assert [(a.attempt, a.outcome, a.error_code) for a in history] == [
+        (1, "failed", "http_503"),
+        (2, "dead-letter", "http_404"),
+    ]
+    # Only dead letters are replayed.
+    assert await backend.ledger.dead_letters_replay(DeadLettersReplay([eid])) == []
+
+
+async def test_expired_attempts_are_requeued_and_their_late_completion_is_stale(
+    backend: Backend,
+) -> None:
+    [sid] = ids_in_partition(5, 1)
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+    fence = await own(backend, 5)
+    at = (await backend.ledger.database_now()).replace(microsecond=0) - timedelta(seconds=1)
+    await planned(backend, fence, [sid], at)
+    eid = execution_id(sid, at)
+    [hung] = await backend.ledger.executions_claim(
+        ExecutionsClaim([fence], [eid], attempt_lease_s=TTL_S, node_id="n")
+    )
+    requeue = ExecutionsRequeueExpired([fence])
+    assert await backend.ledger.executions_requeue_expired(requeue) == []
+    await backend.advance(TTL_S + 0.1)
+    assert await backend.ledger.executions_requeue_expired(requeue) == [eid]
+    requeued = (await backend.ledger.executions_get(eid)).execution
+    assert requeued.status is ExecutionStatus.QUEUED
+    assert requeued.attempt_expires_at is None
+    late = await backend.ledger.executions_complete(
+        ExecutionsComplete([fence], [Completion(eid, hung.attempt, Outcome.SUCCEEDED)])
+    )
+    assert late.stale == [eid]
+    [retry] = await backend.ledger.executions_claim(ExecutionsClaim([fence], [eid], 30, "n2"))
+    assert retry.attempt == hung.attempt + 1
+    history = (await backend.ledger.executions_get(eid)).attempts
+    assert [(a.attempt, a.outcome) for a in history] == [(1, "expired")]
+
+
+async def test_claims_are_fenced_per_partition(backend: Backend) -> None:
+    [mine] = ids_in_partition(0, 1)
+    [theirs] = ids_in_partition(1, 1)
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(mine), schedule(theirs)]))
+    fence = await own(backend, 0, "a")
+    other = await own(backend, 1, "b")
+    at = (await backend.ledger.database_now()).replace(microsecond=0) - timedelta(seconds=1)
+    await planned(backend, fence, [mine], at)
+    await planned(backend, other, [theirs], at)
+    with pytest.raises(InvalidField):
+        await backend.ledger.executions_claim(
+            ExecutionsClaim([fence], [execution_id(theirs, at)], 30, "a")
+        )
+    stale = Fence(1, "a", other.fencing_token)
+    with pytest.raises(LeaseLost) as raised:
+        await backend.ledger.executions_claim(
+            ExecutionsClaim(
+                [fence, stale], [execution_id(mine, at), execution_id(theirs, at)], 30, "a"
+            )
+        )
+    assert raised.value.partitions == (1,)
+    mine_now = (await backend.ledger.executions_get(execution_id(mine, at))).execution
+    assert mine_now.status is ExecutionStatus.QUEUED  # all or nothing
+
+
+async def test_queries_filter_and_paginate_and_unknown_ids_are_not_found(
+    backend: Backend,
+) -> None:
+    sids = ids_in_partition(6, 3)
+    await backend.ledger.schedules_create(
+        SchedulesCreate([schedule(s, tenant_id=f"t{n}") for n, s in enumerate(sids)])
+    )
+    fence = await own(backend, 6)
+    base = (await backend.ledger.database_now()).replace(microsecond=0) - timedelta(hours=1)
+    for minute in range(4):
+        await planned(backend, fence, sids, base + timedelta(minutes=minute))
+    everything: list[str] = []
+    cursor = None
+    while True:
+        page = await backend.ledger.executions_query(ExecutionsQuery(cursor=cursor, limit=5))
+        everything += [e.execution_id for e in page.items]
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert len(everything) == 12
+    assert len(set(everything)) == 12
+    one = await backend.ledger.executions_query(ExecutionsQuery(schedule_id=sids[0]))
+    assert [e.planned_at for e in one.items] == [base + timedelta(minutes=m) for m in range(4)]
+    ranged = await backend.ledger.executions_query(
+        ExecutionsQuery(
+            tenant_id="t1",
+            planned_from=base + timedelta(minutes=1),
+            planned_to=base + timedelta(minutes=3),
+        )
+    )
+    assert [e.planned_at for e in ranged.items] == [
+        base + timedelta(minutes=1),
+        base + timedelta(minutes=2),
+    ]
+    with pytest.raises(NotFound):
+        await backend.ledger.executions_get("nope:2026-01-01T00:00:00Z")
+
+
+async def test_retention_purges_old_terminal_rows_but_keeps_dead_letters(
+    backend: Backend,
+) -> None:
+    sids = ids_in_partition(7, 3)
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(s) for s in sids]))
+    fence = await own(backend, 7)
+    at = (await backend.ledger.database_now()).replace(microsecond=0) - timedelta(seconds=1)
+    await planned(backend, fence, sids, at)
+    eids = [execution_id(s, at) for s in sids]
+    claimed = await backend.ledger.executions_claim(ExecutionsClaim([fence], eids, 30, "n"))
+    outcomes = [Outcome.SUCCEEDED, Outcome.SKIPPED, Outcome.DEAD_LETTER]
+    await backend.ledger.executions_complete(
+        ExecutionsComplete(
+            [fence],
+            [
+                Completion(c.execution_id, c.attempt, o)
+                for c, o in zip(claimed, outcomes, strict=True)
+            ],
+        )
+    )
+    await backend.advance(0.05)
+    cutoff = await backend.ledger.database_now()
+    purge = ExecutionsPurge(fence, finished_before=cutoff, limit=1)
+    assert await backend.ledger.executions_purge(purge) == 1
+    assert await backend.ledger.executions_purge(ExecutionsPurge(fence, cutoff)) == 1
+    assert await backend.ledger.executions_purge(ExecutionsPurge(fence, cutoff)) == 0
+    remaining = await backend.ledger.executions_query(ExecutionsQuery())
+    assert [e.status for e in remaining.items] == [ExecutionStatus.DEAD_LETTER]
+    with pytest.raises(LeaseLost):
+        await backend.ledger.executions_purge(
+            ExecutionsPurge(Fence(7, "x", fence.fencing_token), cutoff)
+        )
+
+
+async def test_batches_over_the_limit_are_refused(backend: Backend) -> None:
+    fence = await own(backend, 0)
+    at = await backend.ledger.database_now()
+    [sid] = ids_in_partition(0, 1)
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+    too_many = [
+        PlannedExecution(sid, "acme", "noop", at + timedelta(seconds=n))
+        for n in range(BATCH_ROWS_MAX + 1)
+    ]
+    with pytest.raises(InvalidField):
+        await backend.ledger.executions_plan(ExecutionsPlan(fence, too_many, [], None))
+    with pytest.raises(InvalidField):
+        await backend.ledger.schedules_create(
+            SchedulesCreate([schedule(f"s{n}") for n in range(BATCH_ROWS_MAX + 1)])
+        )

@@ -1,0 +1,494 @@
+"""What only the PostgreSQL ledger must show: real concurrency, LISTEN/NOTIFY, lost connections.
+
+The shared behaviour is in ``test_contract.py``. Here, races are made deterministic by an
+outside transaction that holds a row lock while the ledger's transaction queues behind it
+(``pg_stat_activity`` tells when it does), and a database restart is simulated by
+terminating this test's own backends (the shared server is never restarted). Real clock
+only: a MockClock would fire timeouts while a query is in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+import pytest
+import trio
+
+from engine.core.hashing import partition_of
+from engine.errors import LedgerUnavailable, VersionConflict
+from engine.ledger.base import (
+    ExecutionsPlan,
+    ExecutionsQuery,
+    Fence,
+    LeasesAcquire,
+    LeasesRenew,
+    PlannedExecution,
+    ScheduleAdvance,
+    ScheduleChangesSince,
+    SchedulesCreate,
+    SchedulesDelete,
+    SchedulesUpdate,
+)
+from engine.ledger.bridge import DatabaseBridge
+from engine.ledger.database import url_with_database
+from engine.ledger.postgres import PostgresLedger, migrate_database, open_postgres_ledger
+from engine.model import ExecutionStatus, Schedule, execution_id
+
+pytestmark = pytest.mark.postgres
+
+PARTITIONS = 8
+LONG_TTL_S = 60.0
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+async def _run_sql(url: str, statement: str, *args: Any) -> list[asyncpg.Record]:
+    connection = await asyncpg.connect(url, timeout=10)
+    try:
+        rows: list[asyncpg.Record] = await connection.fetch(statement, *args)
+        return rows
+    finally:
+        await connection.close()
+
+
+async def sql(url: str, statement: str, *args: Any) -> list[asyncpg.Record]:
+    """Run one statement on a connection of its own (asyncio in a worker thread)."""
+    return await trio.to_thread.run_sync(asyncio.run, _run_sql(url, statement, *args))
+
+
+@pytest.fixture
+async def url(database_url: str) -> AsyncIterator[str]:
+    """A migrated database of this test's own (8 partitions), dropped afterwards."""
+    name = f"{urlsplit(database_url).path.lstrip('/')}_p{secrets.token_hex(4)}"
+    await sql(database_url, f'CREATE DATABASE "{name}"')
+    try:
+        migrated = url_with_database(database_url, name)
+        await migrate_database(migrated, partitions=PARTITIONS)
+        yield migrated
+    finally:
+        with trio.CancelScope(shield=True):
+            await sql(database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@asynccontextmanager
+async def holding_lock(
+    bridge: DatabaseBridge, url: str, statement: str, *args: Any
+) -> AsyncIterator[None]:
+    """An outside transaction that ran ``statement`` (a row lock) and holds it in the block."""
+    connection = await bridge.call(asyncpg.connect, url)
+    try:
+        await bridge.call(connection.execute, "BEGIN")
+        await bridge.call(connection.execute, statement, *args)
+        yield
+    finally:
+        with trio.CancelScope(shield=True):
+            await bridge.call(connection.close)  # rolls back, releasing the lock
+
+
+async def wait_for_lock_waiters(url: str, count: int) -> list[int]:
+    """Poll until ``count`` backends of this database wait on a lock; their pids."""
+    with trio.fail_after(10):
+        while True:
+            rows = await sql(
+                url,
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' ORDER BY backend_start",
+            )
+            if len(rows) >= count:
+                return [row[0] for row in rows]
+            await trio.sleep(0.02)
+
+
+async def terminate_backends(url: str, *, query_like: str = "%") -> int:
+    """Kill this database's other backends (as a server restart would); how many."""
+    rows = await sql(
+        url,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid() AND query LIKE $1",
+        query_like,
+    )
+    return len(rows)
+
+
+def ids_in_partition(partition: int, count: int, prefix: str = "s") -> list[str]:
+    found: list[str] = []
+    n = 0
+    while len(found) < count:
+        candidate = f"{prefix}-{n}"
+        if partition_of(candidate, PARTITIONS) == partition:
+            found.append(candidate)
+        n += 1
+    return found
+
+
+def schedule(schedule_id: str, **overrides: Any) -> Schedule:
+    fields: dict[str, Any] = {
+        "schedule_id": schedule_id,
+        "tenant_id": "acme",
+        "cron_expr": "* * * * *",
+        "task_type": "noop",
+    }
+    fields.update(overrides)
+    return Schedule(**fields)
+
+
+async def own(
+    ledger: PostgresLedger, partition: int, owner: str = "node-a", ttl_s: float = LONG_TTL_S
+) -> Fence:
+    [lease] = await ledger.leases_acquire(LeasesAcquire(owner, [partition], ttl_s))
+    return Fence(partition, owner, lease.fencing_token)
+
+
+def plan_one(fence: Fence, schedule_id: str, at: Any, checkpoint: Any = None) -> ExecutionsPlan:
+    return ExecutionsPlan(
+        fence,
+        [PlannedExecution(schedule_id, "acme", "noop", at)],
+        [ScheduleAdvance(schedule_id, at + timedelta(minutes=1), expected_version=1)],
+        checkpoint=checkpoint,
+    )
+
+
+async def statuses_of(ledger: PostgresLedger, schedule_id: str) -> list[ExecutionStatus]:
+    page = await ledger.executions_query(ExecutionsQuery(schedule_id=schedule_id, limit=1000))
+    return [execution.status for execution in page.items]
+
+
+# --- change feed ------------------------------------------------------------------------------
+
+
+async def test_a_commit_in_one_ledger_wakes_a_waiter_in_another(url: str) -> None:
+    async with open_postgres_ledger(url) as waiting, open_postgres_ledger(url) as writing:
+        head = await waiting.schedule_changes_head()
+        woke: list[tuple[bool, float]] = []
+
+        async def waiter() -> None:
+            started = trio.current_time()
+            result = await waiting.schedule_changes_wait(head, timeout_s=30)
+            woke.append((result, trio.current_time() - started))
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(waiter)
+                await trio.sleep(0.5)  # the waiter is parked on LISTEN by now
+                await writing.schedules_create(SchedulesCreate([schedule("notified")]))
+
+    [(result, waited_s)] = woke
+    assert result is True
+    assert 0.4 < waited_s < 5  # it really waited, and NOTIFY (not the 30 s timeout) woke it
+
+
+async def test_a_lost_listen_connection_wakes_waiters_and_is_reopened(url: str) -> None:
+    async with open_postgres_ledger(url) as waiting, open_postgres_ledger(url) as writing:
+        head = await waiting.schedule_changes_head()
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                woke: list[bool] = []
+
+                async def waiter() -> None:
+                    woke.append(await waiting.schedule_changes_wait(head, timeout_s=30))
+
+                nursery.start_soon(waiter)
+                await trio.sleep(0.5)
+                assert await terminate_backends(url, query_like="LISTEN%") == 1
+        assert woke == [True]  # a spurious wake-up, which the contract allows
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(waiter)
+                await trio.sleep(0.5)
+                await writing.schedules_create(SchedulesCreate([schedule("after-loss")]))
+        assert woke == [True, True]
+        assert await waiting.schedule_changes_wait(head + 1, timeout_s=0.1) is False
+
+
+async def test_a_watermark_reader_misses_no_change_while_writers_race(url: str) -> None:
+    seen: list[int] = []
+    writers_done = trio.Event()
+
+    async with open_postgres_ledger(url) as one, open_postgres_ledger(url) as two:
+
+        async def writer(ledger: PostgresLedger, prefix: str) -> None:
+            for n in range(12):
+                [created] = await ledger.schedules_create(
+                    SchedulesCreate([schedule(f"{prefix}-{n}")])
+                )
+                if n % 3 == 0:
+                    await ledger.schedules_update(SchedulesUpdate(created, expected_version=1))
+
+        async def reader() -> None:
+            watermark = 0
+            while True:
+                done = writers_done.is_set()
+                changes = await one.schedule_changes(ScheduleChangesSince(watermark))
+                seen.extend(change.seq for change in changes)
+                if changes:
+                    watermark = changes[-1].seq
+                if done and not changes:
+                    return
+                await trio.sleep(0.001)
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(reader)
+                async with trio.open_nursery() as writers:
+                    for w in range(6):
+                        writers.start_soon(writer, one if w % 2 else two, f"w{w}")
+                writers_done.set()
+
+    every = [row[0] for row in await sql(url, "SELECT seq FROM schedule_changes ORDER BY seq")]
+    assert len(every) == 6 * (12 + 4)
+    assert seen == every  # each change once, in seq order, none skipped by the watermark
+
+
+# --- concurrent writers -----------------------------------------------------------------------
+
+
+async def update_outcome(
+    ledger: PostgresLedger, schedule_id: str, cron: str, outcomes: list[object]
+) -> None:
+    try:
+        outcomes.append(
+            await ledger.schedules_update(
+                SchedulesUpdate(schedule(schedule_id, cron_expr=cron), expected_version=1)
+            )
+        )
+    except VersionConflict as exc:
+        outcomes.append(exc)
+
+
+async def test_of_two_updates_from_the_same_version_exactly_one_wins(url: str) -> None:
+    async with open_postgres_ledger(url) as one, open_postgres_ledger(url) as two:
+        await one.schedules_create(SchedulesCreate([schedule(f"race-{n}") for n in range(10)]))
+        for n in range(10):
+            sid = f"race-{n}"
+            outcomes: list[object] = []
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(update_outcome, one, sid, "1 * * * *", outcomes)
+                nursery.start_soon(update_outcome, two, sid, "2 * * * *", outcomes)
+
+            winners = [o for o in outcomes if isinstance(o, Schedule)]
+            assert len(winners) == 1
+            assert sum(isinstance(o, VersionConflict) for o in outcomes) == 1
+            stored = await one.schedules_get(sid)
+            assert (stored.version, stored.cron_expr) == (2, winners[0].cron_expr)
+        changes = await one.schedule_changes(ScheduleChangesSince(0))
+        assert sum(change.kind == "updated" for change in changes) == 10
+
+
+async def test_a_delete_committed_first_stops_a_plan_waiting_on_the_lease(
+    url: str, bridge: DatabaseBridge
+) -> None:
+    [sid] = ids_in_partition(3, 1)
+    async with open_postgres_ledger(url) as ledger:
+        await ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+        fence = await own(ledger, 3)
+        at = (await ledger.database_now()).replace(microsecond=0)
+        results = []
+
+        async def plan() -> None:
+            results.append(await ledger.executions_plan(plan_one(fence, sid, at)))
+
+        lock = "SELECT 1 FROM partition_leases WHERE partition_id = 3 FOR UPDATE"
+        async with trio.open_nursery() as nursery, holding_lock(bridge, url, lock):
+            nursery.start_soon(plan)
+            await wait_for_lock_waiters(url, 1)  # the plan is queued at its fence check
+            await ledger.schedules_delete(SchedulesDelete(sid))
+
+        [result] = results
+        assert (result.inserted, result.advanced, result.stale) == ([], [], [sid])
+        assert await statuses_of(ledger, sid) == []
+
+
+async def test_fires_of_a_plan_committed_first_are_skipped_by_the_waiting_delete(
+    url: str, bridge: DatabaseBridge
+) -> None:
+    [sid] = ids_in_partition(5, 1)
+    async with open_postgres_ledger(url) as ledger:
+        await ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+        fence = await own(ledger, 5)
+        at = (await ledger.database_now()).replace(microsecond=0)
+        first = await ledger.executions_plan(plan_one(fence, sid, at, checkpoint=at))
+        assert first.inserted == [execution_id(sid, at)]
+        later = at + timedelta(minutes=1)
+        plan = ExecutionsPlan(
+            fence, [PlannedExecution(sid, "acme", "noop", later)], [], checkpoint=later
+        )
+        results = []
+
+        async def planner() -> None:
+            results.append(await ledger.executions_plan(plan))
+
+        async def deleter() -> None:
+            await ledger.schedules_delete(SchedulesDelete(sid))
+
+        # The plan stops at its last statement (the checkpoint row is locked outside) while
+        # holding the schedule row; the delete then queues behind the plan.
+        lock = "SELECT 1 FROM planner_checkpoints WHERE partition_id = 5 FOR UPDATE"
+        async with trio.open_nursery() as nursery, holding_lock(bridge, url, lock):
+            nursery.start_soon(planner)
+            await wait_for_lock_waiters(url, 1)
+            nursery.start_soon(deleter)
+            await wait_for_lock_waiters(url, 2)
+
+        [result] = results
+        assert result.inserted == [execution_id(sid, later)]
+        assert await statuses_of(ledger, sid) == [ExecutionStatus.SKIPPED] * 2
+        detail = await ledger.executions_get(execution_id(sid, later))
+        assert detail.execution.error_code == "schedule_deleted"
+
+
+async def test_plans_racing_deletes_never_leave_a_queued_orphan(url: str) -> None:
+    sids = ids_in_partition(1, 40, prefix="orphan")
+    async with open_postgres_ledger(url, pool_max=12) as ledger:
+        await ledger.schedules_create(SchedulesCreate([schedule(s) for s in sids]))
+        fence = await own(ledger, 1)
+        at = (await ledger.database_now()).replace(microsecond=0)
+        async with trio.open_nursery() as nursery:
+            for n, sid in enumerate(sids):
+                if n % 2:
+                    nursery.start_soon(ledger.schedules_delete, SchedulesDelete(sid))
+                    nursery.start_soon(ledger.executions_plan, plan_one(fence, sid, at))
+                else:
+                    nursery.start_soon(ledger.executions_plan, plan_one(fence, sid, at))
+                    nursery.start_soon(ledger.schedules_delete, SchedulesDelete(sid))
+        for sid in sids:
+            assert set(await statuses_of(ledger, sid)) <= {ExecutionStatus.SKIPPED}
+
+
+async def test_a_takeover_waits_for_the_fenced_transaction_in_flight(
+    url: str, bridge: DatabaseBridge
+) -> None:
+    [sid] = ids_in_partition(6, 1)
+    async with open_postgres_ledger(url) as ledger:
+        await ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+        fence = await own(ledger, 6, "old", ttl_s=0.5)
+        at = (await ledger.database_now()).replace(microsecond=0)
+        await ledger.executions_plan(plan_one(fence, sid, at, checkpoint=at))
+        fence = Fence(
+            6, "old", (await ledger.leases_renew(LeasesRenew([fence], 0.5)))[0].fencing_token
+        )
+        later = at + timedelta(minutes=1)
+        results = []
+
+        async def plan() -> None:
+            results.append(
+                await ledger.executions_plan(
+                    ExecutionsPlan(fence, [PlannedExecution(sid, "acme", "noop", later)], [], later)
+                )
+            )
+
+        lock = "SELECT 1 FROM planner_checkpoints WHERE partition_id = 6 FOR UPDATE"
+        async with trio.open_nursery() as nursery, holding_lock(bridge, url, lock):
+            nursery.start_soon(plan)
+            await wait_for_lock_waiters(url, 1)
+            await trio.sleep(0.7)  # the lease expires while the fenced write is in flight
+            # The lease row is share-locked by that transaction: nobody takes it yet.
+            assert await ledger.leases_acquire(LeasesAcquire("new", [6], LONG_TTL_S)) == []
+        assert results[0].inserted == [execution_id(sid, later)]
+        [taken] = await ledger.leases_acquire(LeasesAcquire("new", [6], LONG_TTL_S))
+        assert taken.fencing_token == fence.fencing_token + 1
+
+
+# --- availability -----------------------------------------------------------------------------
+
+
+async def test_after_its_connections_are_killed_the_ledger_fails_at_most_once(url: str) -> None:
+    async with open_postgres_ledger(url, pool_max=4) as ledger:
+        async with trio.open_nursery() as nursery:  # open several pooled connections
+            for _ in range(4):
+                nursery.start_soon(ledger.leases_list)
+        assert await terminate_backends(url) >= 1
+
+        failures: list[LedgerUnavailable] = []
+        try:
+            await ledger.leases_list()  # may meet a dead connection (a restart looks the same)
+        except LedgerUnavailable as exc:
+            failures.append(exc)
+        assert all(failure.__cause__ is not None for failure in failures)
+        assert len(await ledger.leases_list()) == PARTITIONS
+        assert len(await ledger.leases_list()) == PARTITIONS
+
+
+async def test_a_call_whose_connection_dies_mid_query_is_unavailable_then_recovers(
+    url: str, bridge: DatabaseBridge
+) -> None:
+    async with open_postgres_ledger(url) as ledger:
+        fence = await own(ledger, 2)
+        failures: list[LedgerUnavailable] = []
+
+        async def renew() -> None:
+            try:
+                await ledger.leases_renew(LeasesRenew([fence], LONG_TTL_S))
+            except LedgerUnavailable as exc:
+                failures.append(exc)
+
+        lock = "SELECT 1 FROM partition_leases WHERE partition_id = 2 FOR UPDATE"
+        async with trio.open_nursery() as nursery, holding_lock(bridge, url, lock):
+            nursery.start_soon(renew)
+            [pid] = await wait_for_lock_waiters(url, 1)
+            await sql(url, "SELECT pg_terminate_backend($1)", pid)
+            with trio.fail_after(10):
+                while not failures:
+                    await trio.sleep(0.01)
+
+        [failure] = failures
+        assert isinstance(failure.__cause__, asyncpg.PostgresError | asyncpg.InterfaceError)
+        [renewed] = await ledger.leases_renew(LeasesRenew([fence], LONG_TTL_S))
+        assert renewed.fencing_token == fence.fencing_token
+
+
+async def test_a_statement_over_the_timeout_is_unavailable(
+    url: str, bridge: DatabaseBridge
+) -> None:
+    async with open_postgres_ledger(url, statement_timeout_s=0.3) as ledger:
+        fence = await own(ledger, 4)
+        lock = "SELECT 1 FROM partition_leases WHERE partition_id = 4 FOR UPDATE"
+        async with holding_lock(bridge, url, lock):
+            started = trio.current_time()
+            with pytest.raises(LedgerUnavailable, match="timed out") as raised:
+                await ledger.leases_renew(LeasesRenew([fence], LONG_TTL_S))
+            assert trio.current_time() - started < 5
+        assert isinstance(raised.value.__cause__, asyncpg.QueryCanceledError)
+        assert len(await ledger.leases_renew(LeasesRenew([fence], LONG_TTL_S))) == 1
+
+
+async def test_a_cancelled_call_leaves_its_connection_reusable(
+    url: str, bridge: DatabaseBridge
+) -> None:
+    async with open_postgres_ledger(url, pool_max=1) as ledger:
+        fence = await own(ledger, 0)
+        lock = "SELECT 1 FROM partition_leases WHERE partition_id = 0 FOR UPDATE"
+        async with holding_lock(bridge, url, lock):
+            with trio.move_on_after(0.3) as scope:
+                await ledger.leases_renew(LeasesRenew([fence], LONG_TTL_S))
+            assert scope.cancelled_caught
+        # The only pooled connection was cancelled mid-statement and is usable at once.
+        with trio.fail_after(5):
+            assert len(await ledger.leases_renew(LeasesRenew([fence], LONG_TTL_S))) == 1
+
+
+async def test_a_ledger_shares_a_given_bridge_and_leaves_it_open(
+    url: str, bridge: DatabaseBridge
+) -> None:
+    async with open_postgres_ledger(url, bridge=bridge) as ledger:
+        assert ledger.partition_count == PARTITIONS
+        assert (await ledger.cluster_get()).partition_count == PARTITIONS
+    assert await bridge.call(asyncio.sleep, 0, "still open") == "still open"
+
+
+async def test_an_unreachable_server_is_unavailable_at_open() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(LedgerUnavailable):
+        async with open_postgres_ledger(f"postgresql://postgres@127.0.0.1:{port}/x"):
+            pass
