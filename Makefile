@@ -45,6 +45,8 @@ run: $(STAMP) ## Migrate the database if needed and start a node (Ctrl-C stops i
 
 bench: $(STAMP) ## Run the benchmarks and rewrite docs/benchmarks.md
 	$(BIN)/python benchmarks/bench_cron.py
+	$(BIN)/python benchmarks/bench_ledger.py
+	$(BIN)/python benchmarks/bench_planner.py
 
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

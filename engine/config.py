@@ -17,6 +17,8 @@ LEASE_TTL_S_DEFAULT: Final = 15.0
 LEASE_SAFETY_MARGIN_S_DEFAULT: Final = 2.0
 LOOKAHEAD_S_DEFAULT: Final = 5.0
 PLAN_BATCH_MAX_DEFAULT: Final = 5_000
+BURST_PLAN_RATE_PER_S_DEFAULT: Final = 10_000.0
+BURST_LOOKAHEAD_EXTRA_S_MAX_DEFAULT: Final = 60.0
 CLOCK_SKEW_BOUND_S_DEFAULT: Final = 2.0
 CLOCK_PROBE_INTERVAL_S_DEFAULT: Final = 5.0
 CHANGE_POLL_INTERVAL_S_DEFAULT: Final = 1.0
@@ -52,6 +54,11 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """Fires due within this window are written to the ledger before they are due."""
     plan_batch_max: int = PLAN_BATCH_MAX_DEFAULT
     """Most executions one planner transaction writes."""
+    burst_plan_rate_per_s: float = BURST_PLAN_RATE_PER_S_DEFAULT
+    """A conservative planning rate: an instant with N fires due is planned N / rate seconds
+    earlier than ``lookahead_s``, so a burst is durable before it is due."""
+    burst_lookahead_extra_s_max: float = BURST_LOOKAHEAD_EXTRA_S_MAX_DEFAULT
+    """The most a burst's lead may exceed ``lookahead_s``."""
     clock_skew_bound_s: float = CLOCK_SKEW_BOUND_S_DEFAULT
     """Planning pauses while the local clock is further than this from the database's."""
     clock_probe_interval_s: float = CLOCK_PROBE_INTERVAL_S_DEFAULT
@@ -79,6 +86,11 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         if not 1 <= self.plan_batch_max <= 10_000:
             problems.append(
                 f"plan_batch_max must be between 1 and 10000, got {self.plan_batch_max}"
+            )
+        if self.burst_plan_rate_per_s <= 0 or not 0 <= self.burst_lookahead_extra_s_max <= 600:
+            problems.append(
+                "burst_plan_rate_per_s must be positive and burst_lookahead_extra_s_max "
+                "between 0 and 600"
             )
         for name in (
             "clock_skew_bound_s",

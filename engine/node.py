@@ -26,6 +26,7 @@ import trio
 
 from engine.actors.change_feed import ChangeFeed, ChangeFeedConfig, ChangeFeedStatistics
 from engine.actors.clock_monitor import ClockMonitor, ClockMonitorConfig, ClockStatistics
+from engine.actors.forecast import BurstForecast, ForecastConfig
 from engine.actors.lease_keeper import LeaseKeeper, LeaseKeeperConfig, LeaseStatistics
 from engine.actors.membership import Membership, MembershipConfig, MembershipStatistics
 from engine.actors.partitions import PartitionTable
@@ -83,6 +84,13 @@ class Node:
             batch_max=config.plan_batch_max,
             catchup_grace_s=config.catchup_grace_s,
         )
+        self.forecast = BurstForecast(
+            ForecastConfig(
+                config.lookahead_s,
+                config.burst_plan_rate_per_s,
+                config.burst_lookahead_extra_s_max,
+            )
+        )
         self.planners = self._new_planner_supervisor()
         self.change_feed = ChangeFeed(
             ChangeFeedConfig(config.change_poll_interval_s), ledger, self, rng
@@ -136,6 +144,7 @@ class Node:
             self.cache,
             self.table,
             self._rng,
+            self.forecast,
         )
 
     def _restart_planners(self) -> PlannerSupervisor:

@@ -17,7 +17,8 @@ import trio
 
 from engine.cli import main
 from engine.cli import run as run_command
-from engine.cli.run import SETTINGS, default_node_id, load_node_config, serve_node
+from engine.cli.run import serve_node
+from engine.cli.settings import SETTINGS, default_node_id, load_node_config
 from engine.clock import Clock
 from engine.config import LEASE_TTL_S_DEFAULT, LogFormat, LogLevel, NodeConfig
 from engine.errors import ConfigError, LeaseLost
@@ -386,3 +387,7 @@ async def test_a_shutdown_overrunning_its_timeout_is_reported(
     node = FakeNode(shutdown_s=60.0)
     assert await serve_until(node, signals=1, timeout_s=1.0) == 1
     assert caplog.records[-1].getMessage() == "the node did not finish shutting down within 3s"
+
+
+def test_every_setting_has_help_text() -> None:
+    assert [setting.name for setting in SETTINGS if not setting.help] == []

@@ -28,6 +28,7 @@ import msgspec
 import trio
 
 from engine.actors.clock_monitor import ClockMonitor
+from engine.actors.forecast import BurstForecast, ForecastConfig
 from engine.actors.retry import retry_unavailable
 from engine.core.catchup import catch_up
 from engine.core.plan_heap import PlanHeap
@@ -41,7 +42,7 @@ from engine.ledger.base import (
     ScheduleAdvance,
     SchedulesList,
 )
-from engine.model import Schedule
+from engine.model import CatchUpPolicy, Schedule
 
 log = logging.getLogger("carillon.planner")
 
@@ -72,8 +73,20 @@ class PlannerStatistics(msgspec.Struct, frozen=True):
     next_instant: datetime | None
 
 
-class _Entry(msgspec.Struct):
-    schedule: Schedule
+class _Entry(msgspec.Struct, gc=False):
+    """What planning needs of a schedule; kept small, as a node may hold millions.
+
+    ``gc=False``: entries hold no reference cycles, and a million tracked objects would make
+    every full garbage collection walk them.
+    """
+
+    schedule_id: str
+    tenant_id: str
+    task_type: str
+    version: int
+    next_run_at: datetime
+    catch_up: CatchUpPolicy
+    catch_up_window_s: float
     timetable: Timetable
 
 
@@ -86,8 +99,14 @@ class Planner:
         monitor: ClockMonitor,
         cache: TimetableCache,
         rng: random.Random,
+        forecast: BurstForecast | None = None,
+        load_slots: trio.Semaphore | None = None,
     ) -> None:
         self.fence = fence
+        self._load_slots = load_slots or trio.Semaphore(1)
+        self._forecast = forecast or BurstForecast(
+            ForecastConfig(config.lookahead_s, plan_rate_per_s=1e12, max_extra_s=0.0)
+        )
         self.config = config
         self._ledger = ledger
         self._monitor = monitor
@@ -117,7 +136,8 @@ class Planner:
 
     async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         """Load, then plan until cancelled; raises :class:`PartitionLost` on a rejected fence."""
-        await self._retry(self.load, "load")
+        async with self._load_slots:  # a few partitions load at a time, not all at once
+            await self._retry(self.load, "load")
         task_status.started()
         log.info("partition %d: planning %d schedules", self.partition_id, len(self._heap))
         while True:
@@ -161,9 +181,20 @@ class Planner:
             del self._inbox[schedule_id]
 
     async def step(self) -> int:
-        """Plan the fires due within the lookahead; returns how many schedules it handled."""
+        """Plan the fires due within the lookahead; returns how many schedules it handled.
+
+        The next instant is planned earlier when the whole node has many fires due then
+        (:class:`~engine.actors.forecast.BurstForecast`).
+        """
         now = self._monitor.now()
         until = now + timedelta(seconds=self.config.lookahead_s)
+        upcoming = self._heap.next_instant()
+        if (
+            upcoming is not None
+            and upcoming > until
+            and upcoming - now <= timedelta(seconds=self._forecast.lead_s(upcoming))
+        ):
+            until = upcoming
         due = self._heap.pop_until(until, limit=self.config.batch_max)
         if not due:
             return 0
@@ -179,7 +210,7 @@ class Planner:
                     break
                 entry = self._entries[schedule_id]
                 next_at = self._resolve(entry, at, now, executions)
-                advances.append(ScheduleAdvance(schedule_id, next_at, entry.schedule.version))
+                advances.append(ScheduleAdvance(schedule_id, next_at, entry.version))
                 pushes.append((schedule_id, next_at))
                 handled += 1
         next_instant = self._heap.next_instant()
@@ -191,14 +222,12 @@ class Planner:
         except BaseException:
             # Nothing was written (or it will be re-planned idempotently): put them back.
             for schedule_id, _ in pushes:
-                previous = self._entries[schedule_id].schedule.next_run_at
-                if previous is not None:
-                    self._heap.push(schedule_id, previous)
+                self._heap.push(schedule_id, self._entries[schedule_id].next_run_at)
             raise
         stale = set(result.stale)
         for schedule_id, next_at in pushes:
             entry = self._entries[schedule_id]
-            entry.schedule = msgspec.structs.replace(entry.schedule, next_run_at=next_at)
+            entry.next_run_at = next_at
             self._heap.push(schedule_id, next_at)
             if schedule_id in stale:
                 self.notify(schedule_id)
@@ -206,6 +235,7 @@ class Planner:
         self._skipped += sum(1 for e in executions if e.error_code is not None)
         self._batches += 1
         self._checkpoint = checkpoint
+        self._publish()
         return handled
 
     def statistics(self) -> PlannerStatistics:
@@ -225,7 +255,7 @@ class Planner:
         self, entry: _Entry, at: datetime, now: datetime, executions: list[PlannedExecution]
     ) -> datetime:
         """Add the executions for ``entry``'s fire at ``at``; return its next fire."""
-        schedule = entry.schedule
+        schedule = entry
         if at >= now - timedelta(seconds=self.config.catchup_grace_s):
             executions.append(
                 PlannedExecution(schedule.schedule_id, schedule.tenant_id, schedule.task_type, at)
@@ -282,19 +312,35 @@ class Planner:
         next_at = schedule.next_run_at
         if next_at is None:
             next_at = timetable.next_fire(now).planned_at
-            schedule = msgspec.structs.replace(schedule, next_run_at=next_at)
-        self._entries[schedule.schedule_id] = _Entry(schedule, timetable)
+        self._entries[schedule.schedule_id] = _Entry(
+            schedule_id=schedule.schedule_id,
+            tenant_id=schedule.tenant_id,
+            task_type=schedule.task_type,
+            version=schedule.version,
+            next_run_at=next_at,
+            catch_up=schedule.catch_up,
+            catch_up_window_s=schedule.catch_up_window_s,
+            timetable=timetable,
+        )
         self._heap.push(schedule.schedule_id, next_at)
 
     def _forget(self, schedule_id: str) -> None:
         self._heap.remove(schedule_id)
         self._entries.pop(schedule_id, None)
 
+    def _publish(self) -> None:
+        """Tell the node's forecast what this partition has due next."""
+        upcoming = self._heap.next_instant()
+        count = 0 if upcoming is None else self._heap.bucket_size(upcoming)
+        self._forecast.update(self.partition_id, upcoming, count)
+
     async def _wait_for_work(self) -> None:
+        self._publish()
         next_instant = self._heap.next_instant()
         wait_s = self.config.idle_wait_max_s
         if next_instant is not None:
-            due_in = (next_instant - self._monitor.now()).total_seconds() - self.config.lookahead_s
+            lead_s = self._forecast.lead_s(next_instant)
+            due_in = (next_instant - self._monitor.now()).total_seconds() - lead_s
             wait_s = min(wait_s, max(due_in, 0.0))
         with trio.move_on_after(wait_s):
             await self._wake.wait()

@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import trio
 
 from engine.actors.clock_monitor import ClockMonitor
+from engine.actors.forecast import BurstForecast
 from engine.actors.partitions import OwnedPartition, PartitionTable
 from engine.actors.planner import PartitionLost, Planner, PlannerConfig, PlannerStatistics
 from engine.core.timetable import TimetableCache
 from engine.ledger.base import Ledger
 
 log = logging.getLogger("carillon.planners")
+
+LOADS_IN_PARALLEL: Final = 2
 
 
 class PlannerSupervisorStatistics(msgspec.Struct, frozen=True):
@@ -39,8 +42,13 @@ class PlannerSupervisor:
         cache: TimetableCache,
         table: PartitionTable,
         rng: random.Random,
+        forecast: BurstForecast,
     ) -> None:
         self.config = config
+        self._forecast = forecast
+        # Loading is bulk work: a few partitions at a time keep the pool and the CPU free
+        # for lease renewals and for planners that are already running.
+        self._load_slots = trio.Semaphore(LOADS_IN_PARALLEL)
         self._ledger = ledger
         self._monitor = monitor
         self._cache = cache
@@ -81,8 +89,16 @@ class PlannerSupervisor:
     async def _run_partition(self, owned: OwnedPartition) -> None:
         partition_id = owned.fence.partition_id
         planner = Planner(
-            owned.fence, self.config, self._ledger, self._monitor, self._cache, self._rng
+            owned.fence,
+            self.config,
+            self._ledger,
+            self._monitor,
+            self._cache,
+            self._rng,
+            self._forecast,
+            self._load_slots,
         )
+        stepped_down = False
         try:
             with trio.CancelScope(deadline=owned.trusted_until) as scope:
                 owned.scope = scope
@@ -91,14 +107,21 @@ class PlannerSupervisor:
                     await planner.run()
                 except PartitionLost as exc:
                     log.warning("%s; stopping its planner", exc)
+                    stepped_down = True
             if scope.cancelled_caught and owned.trusted_until <= trio.current_time():
                 log.warning("partition %d: trust window ended; planner stopped", partition_id)
+                stepped_down = True
         finally:
             owned.scope = None
+            self._forecast.forget(partition_id)
             self._planners.pop(partition_id, None)
             self._running.discard(partition_id)
-            if self._table.get(partition_id) is owned:
+            # Drop the partition only when this planner gave it up. Cancelled from outside
+            # (shutdown, a restart of this actor) or crashed, the lease is still ours: the
+            # node releases it on shutdown, or a new planner takes over after a restart.
+            if stepped_down and self._table.get(partition_id) is owned:
                 self._table.drop(partition_id)
             owned.stopped.set()
-            if self._nursery is not None and partition_id in self._table:
-                self._start_missing()  # re-acquired while this one was stopping
+            current = self._table.get(partition_id)
+            if current is not None and current is not owned and self._nursery is not None:
+                self._start_missing()  # re-acquired while this planner was stopping

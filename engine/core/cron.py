@@ -29,6 +29,9 @@ from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, 
 from engine.core.hashing import stable_hash
 from engine.errors import InvalidCronExpression, ScheduleNeverFires, ValidationError
 
+_HashItem = tuple[int, int, int | None] | frozenset[int]
+"""A parsed item of an ``H`` field: ``(first, last, step)`` for an H form, else fixed values."""
+
 MAX_EXPRESSION_LENGTH: Final = 256
 PARSE_CACHE_ENTRIES: Final = 8192
 NEVER_FIRES_HORIZON_YEARS: Final = 10
@@ -88,16 +91,60 @@ def parse_cron(source: str, *, hash_key: str | None = None) -> CronSpec:
     """
     if not uses_hash(source):
         return _parse_cached(source)
-    names, fields = _fields_of(source)
-    resolved = " ".join(
-        _resolve_hash(name, field, hash_key, source)
-        for name, field in zip(names, fields, strict=True)
-    )
+    fields, hashed = _hash_template(source)
+    if hash_key is None:
+        raise InvalidCronExpression(
+            f"{source!r} uses H, which is derived from the schedule id; give the schedule id"
+        )
+    resolved = list(fields)
+    for index, name, items in hashed:
+        resolved[index] = _apply_hash(items, stable_hash(f"{hash_key}/{name}"))
     try:
-        spec = _parse_cached(resolved)
+        spec = _parse_cached(" ".join(resolved))
     except ValidationError as exc:
         raise type(exc)(f"{exc} (resolved from {source!r})") from None
     return msgspec.structs.replace(spec, source=source, uses_hash=True)
+
+
+@functools.lru_cache(maxsize=PARSE_CACHE_ENTRIES)
+def _hash_template(
+    source: str,
+) -> tuple[list[str], list[tuple[int, str, tuple[_HashItem, ...]]]]:
+    """The fields of an ``H`` expression and, for each ``H`` field, its parsed items.
+
+    Parsed once per expression; per schedule only the hash and the arithmetic remain.
+    """
+    names, fields = _fields_of(source)
+    hashed = []
+    for index, (name, field) in enumerate(zip(names, fields, strict=True)):
+        if not _H_TOKEN.search(field.upper()):
+            continue
+        if name not in _HASHABLE:
+            raise InvalidCronExpression(
+                f"the {name} field {field!r} uses H, which is supported only in the second, "
+                "minute and hour fields"
+            )
+        hashed.append((index, name, _hash_items(name, field, source)))
+    return fields, hashed
+
+
+def _apply_hash(items: tuple[_HashItem, ...], seed: int) -> str:
+    """Turn parsed ``H`` items into the field's numbers for one schedule's ``seed``."""
+    if len(items) == 1 and isinstance(items[0], tuple) and items[0][2] is None:
+        first, last, _ = items[0]
+        return str(first + seed % (last - first + 1))  # the common case: plain ``H``
+    values: set[int] = set()
+    for item in items:
+        if isinstance(item, frozenset):
+            values.update(item)
+            continue
+        first, last, step = item
+        width = last - first + 1
+        if step is None:
+            values.add(first + seed % width)
+        else:
+            values.update(range(first + seed % min(step, width), last + 1, step))
+    return ",".join(str(value) for value in sorted(values))
 
 
 def _fields_of(source: str) -> tuple[tuple[str, ...], list[str]]:
@@ -128,7 +175,7 @@ def _parse_cached(source: str) -> CronSpec:
     """Parse an expression without ``H`` (H in a non-time field is refused here)."""
     names, fields = _fields_of(source)
     for name, field in zip(names, fields, strict=True):
-        _resolve_hash(name, field, None, source)  # refuses H where it is not allowed
+        _refuse_hash(name, field)
     by_name = dict(zip(names, fields, strict=True))
     fixed_time = "*" not in by_name["minute"] and "*" not in by_name["hour"]
     expression = " ".join(fields)
@@ -170,20 +217,23 @@ def _expand_macro(text: str) -> str:
         raise InvalidCronExpression(f"unknown macro {text!r}; known macros: {known}") from None
 
 
-def _resolve_hash(name: str, field: str, hash_key: str | None, source: str) -> str:
+def _refuse_hash(name: str, field: str) -> None:
+    """Refuse ``H`` in an expression parsed without a schedule id's numbers."""
     if not _H_TOKEN.search(field.upper()):
-        return field
+        return
     if name not in _HASHABLE:
         raise InvalidCronExpression(
             f"the {name} field {field!r} uses H, which is supported only in the second, "
             "minute and hour fields"
         )
-    if hash_key is None:
-        raise InvalidCronExpression(
-            f"{source!r} uses H, which is derived from the schedule id; give the schedule id"
-        )
+    raise InvalidCronExpression(f"the {name} field {field!r} uses H; give the schedule id")
+
+
+@functools.lru_cache(maxsize=PARSE_CACHE_ENTRIES)
+def _hash_items(name: str, field: str, source: str) -> tuple[_HashItem, ...]:
+    """Parse an ``H`` field once; only the hash differs between schedules."""
     low, high = _RANGES[name]
-    values: set[int] = set()
+    items: list[_HashItem] = []
     for item in field.upper().split(","):
         match = _H_ITEM.match(item)
         if match is None:
@@ -192,7 +242,7 @@ def _resolve_hash(name: str, field: str, hash_key: str | None, source: str) -> s
                     f"the {name} field item {item!r} is not a valid H form; use H, H/n, "
                     "H(a-b) or H(a-b)/n"
                 )
-            values.update(_plain_values(name, item, source))
+            items.append(frozenset(_plain_values(name, item, source)))
             continue
         first = int(match[1]) if match[1] is not None else low
         last = int(match[2]) if match[2] is not None else high
@@ -201,16 +251,11 @@ def _resolve_hash(name: str, field: str, hash_key: str | None, source: str) -> s
                 f"the {name} field {field!r} has range {first}-{last}; it must lie within "
                 f"{low}-{high} and start before it ends"
             )
-        seed = stable_hash(f"{hash_key}/{name}")
-        width = last - first + 1
-        if match[3] is None:
-            values.add(first + seed % width)
-            continue
-        step = int(match[3])
-        if step < 1:
+        step = None if match[3] is None else int(match[3])
+        if step is not None and step < 1:
             raise InvalidCronExpression(f"the {name} field {field!r} has a step of 0")
-        values.update(range(first + seed % min(step, width), last + 1, step))
-    return ",".join(str(value) for value in sorted(values))
+        items.append((first, last, step))
+    return tuple(items)
 
 
 def _plain_values(name: str, item: str, source: str) -> list[int]:
@@ -228,20 +273,31 @@ def _plain_values(name: str, item: str, source: str) -> list[int]:
     return [int(value) for value in expanded]
 
 
+@functools.lru_cache(maxsize=PARSE_CACHE_ENTRIES)
+def iterator_for(expression: str, has_seconds: bool) -> croniter:
+    """The one croniter of a (validated) expression, shared by every timetable using it.
+
+    Sharing is safe because an iterator is only used synchronously -- ``set_current`` then
+    ``get_next`` calls with no await in between -- and never from two threads.
+    """
+    return croniter(
+        expression,
+        _VALIDATION_START,
+        ret_type=datetime,
+        max_years_between_matches=NEVER_FIRES_HORIZON_YEARS,
+        second_at_beginning=has_seconds,
+    )
+
+
 def _check_fields_and_fires(
     expression: str, names: tuple[str, ...], fields: list[str], has_seconds: bool, source: str
 ) -> None:
     try:
-        iterator = croniter(
-            expression,
-            _VALIDATION_START,
-            ret_type=datetime,
-            max_years_between_matches=NEVER_FIRES_HORIZON_YEARS,
-            second_at_beginning=has_seconds,
-        )
+        iterator = iterator_for(expression, has_seconds)
     except CroniterError:
         _raise_for_bad_field(names, fields, has_seconds, source)
     try:
+        iterator.set_current(_VALIDATION_START, force=True)
         iterator.get_next()
     except (CroniterBadDateError, CroniterBadCronError):
         raise ScheduleNeverFires(

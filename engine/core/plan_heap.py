@@ -52,6 +52,10 @@ class PlanHeap:
         del self._buckets[at][schedule_id]
         return True
 
+    def bucket_size(self, at: datetime) -> int:
+        """How many schedules are due at exactly ``at``."""
+        return len(self._buckets.get(at, ()))
+
     def next_instant(self) -> datetime | None:
         """The earliest instant any schedule is due, or ``None`` when empty."""
         self._discard_empty_top()

@@ -26,9 +26,8 @@ from typing import Final
 from zoneinfo import ZoneInfo
 
 import msgspec
-from croniter import croniter
 
-from engine.core.cron import CronSpec, parse_cron
+from engine.core.cron import CronSpec, iterator_for, parse_cron
 from engine.core.dst import (
     Adjustment,
     DstGap,
@@ -95,12 +94,7 @@ class Timetable:
         self.dst_gap, self.dst_overlap = effective_policy(
             dst_gap, dst_overlap, fixed_time=spec.fixed_time
         )
-        self._iterator = croniter(
-            spec.expression,
-            datetime(2000, 1, 1),  # noqa: DTZ001 - croniter iterates wall-clock times
-            ret_type=datetime,
-            second_at_beginning=spec.has_seconds,
-        )
+        self._iterator = iterator_for(spec.expression, spec.has_seconds)
         self._memo: dict[datetime, Fire] = {}
         self._utc = zone.key in _UTC_KEYS
 

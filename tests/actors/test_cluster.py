@@ -171,3 +171,65 @@ async def test_planning_pauses_while_the_clock_is_skewed_beyond_the_bound(
         "catchup_window",
         "catchup_latest_only",
     }
+
+
+async def test_a_database_outage_makes_nodes_step_down_and_recover_without_crashing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    schedules = make_schedules(100, START, lambda n: ("* * * * *", "UTC"))
+    async with cluster() as c:
+        await create(c.ledger, schedules)
+        for name in ("n1", "n2"):
+            await c.start_node(name)
+        await trio.sleep(300)
+        for sim in c.nodes.values():
+            sim.ledger.crashed = True  # every call fails: the database is unreachable
+        await trio.sleep(300)
+        assert c.owners() == {"n1": [], "n2": []}  # stepped down inside their trust windows
+        outage_end = c.db_clock.now()
+        for sim in c.nodes.values():
+            sim.ledger.crashed = False
+        await trio.sleep(300)
+        assert sorted(len(p) for p in c.owners().values()) == [8, 8]
+        for sim in c.nodes.values():
+            assert sum(sim.node.supervisor.statistics().restarts.values()) == 0
+    executions = await all_executions(c.ledger)
+    end = START + timedelta(minutes=14)
+    window = within(executions, START, end)
+    assert set(count_ids(window)) == expected_fires(schedules, START, end)
+    assert max(count_ids(window).values()) == 1
+    # Five minutes down: fires missed by more than the grace are recorded as skipped, except
+    # the newest of them (the default policy is latest); nothing is lost or doubled.
+    skipped = [e for e in window if e.status is ExecutionStatus.SKIPPED]
+    assert skipped
+    assert all(e.planned_at < outage_end for e in skipped)
+    assert {e.error_code for e in skipped} == {"catchup_latest_only"}
+
+
+async def test_a_node_shutting_down_hands_its_partitions_over_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    schedules = make_schedules(100, START, lambda n: ("* * * * *", "UTC"))
+    async with cluster() as c:
+        await create(c.ledger, schedules)
+        await c.start_node("n1")
+        await c.start_node("n2")
+        await trio.sleep(120)
+        leaving = set(c.nodes["n1"].node.table)
+        assert leaving
+        c.nodes["n1"].scope.cancel()  # SIGTERM: graceful shutdown
+        await trio.sleep(0.1)
+        leases = {lease.partition_id: lease for lease in await c.ledger.leases_list()}
+        assert all(leases[p].owner_id is None for p in leaving)  # released, not left to expire
+        assert [n.node_id for n in await c.ledger.nodes_live()] == ["n2"]
+        await trio.sleep(6)  # well under the 15 s TTL
+        assert set(c.nodes["n2"].node.table) == set(range(16))
+        del c.nodes["n1"]
+        await trio.sleep(120)
+    executions = await all_executions(c.ledger)
+    end = START + timedelta(minutes=4)
+    window = within(executions, START, end)
+    assert set(count_ids(window)) == expected_fires(schedules, START, end)
+    assert max(count_ids(window).values()) == 1
+    late = [e for e in window if e.enqueued_at is None or e.enqueued_at > e.planned_at]
+    assert late == []

@@ -32,13 +32,13 @@ from engine.model import Lease, PlannerCheckpoint
 
 
 async def database_now(store: Store, _: None) -> datetime:
-    async with store.connection() as connection:
+    async with store.connection(control=True) as connection:
         now: datetime = await connection.fetchval(sql.DATABASE_NOW)
     return now
 
 
 async def cluster_get(store: Store, _: None) -> ClusterSettings:
-    async with store.connection() as connection:
+    async with store.connection(control=True) as connection:
         row = await connection.fetchrow(sql.CLUSTER_GET)
     if row is None:
         raise ConfigError("the cluster settings are missing; run `carillon migrate`")
@@ -61,7 +61,7 @@ async def leases_acquire(store: Store, params: LeasesAcquire) -> list[Lease]:
         )
     if not partitions:
         return []
-    async with store.connection() as connection:
+    async with store.connection(control=True) as connection:
         rows = await connection.fetch(sql.LEASES_ACQUIRE, partitions, params.owner_id, ttl_s)
     return sorted((lease_from_row(row) for row in rows), key=_by_partition)
 
@@ -70,7 +70,7 @@ async def leases_renew(store: Store, params: LeasesRenew) -> list[Lease]:
     ttl_s = check_duration(params.ttl_s, field="ttl_s")
     if not params.fences:
         return []
-    async with store.connection() as connection:
+    async with store.connection(control=True) as connection:
         rows = await connection.fetch(sql.LEASES_RENEW, *_fence_columns(params), ttl_s)
     return sorted((lease_from_row(row) for row in rows), key=_by_partition)
 
@@ -78,13 +78,13 @@ async def leases_renew(store: Store, params: LeasesRenew) -> list[Lease]:
 async def leases_release(store: Store, params: LeasesRelease) -> int:
     if not params.fences:
         return 0
-    async with store.connection() as connection:
+    async with store.connection(control=True) as connection:
         rows = await connection.fetch(sql.LEASES_RELEASE, *_fence_columns(params))
     return len(rows)
 
 
 async def leases_list(store: Store, _: None) -> list[Lease]:
-    async with store.connection() as connection:
+    async with store.connection(control=True) as connection:
         rows = await connection.fetch(sql.LEASES_LIST)
     return [lease_from_row(row) for row in rows]
 
@@ -92,26 +92,26 @@ async def leases_list(store: Store, _: None) -> list[Lease]:
 async def nodes_heartbeat(store: Store, params: NodesHeartbeat) -> NodeInfo:
     check_not_empty(params.node_id, field="node_id")
     ttl_s = check_duration(params.ttl_s, field="ttl_s")
-    async with store.connection() as connection:
+    async with store.connection(control=True) as connection:
         row = await connection.fetchrow(sql.NODES_HEARTBEAT, params.node_id, params.region, ttl_s)
     return node_from_row(row)
 
 
 async def nodes_live(store: Store, _: None) -> list[NodeInfo]:
-    async with store.connection() as connection:
+    async with store.connection(control=True) as connection:
         rows = await connection.fetch(sql.NODES_LIVE)
     return [node_from_row(row) for row in rows]
 
 
 async def nodes_leave(store: Store, node_id: str) -> None:
-    async with store.connection() as connection:
+    async with store.connection(control=True) as connection:
         await connection.execute(sql.NODES_LEAVE, node_id)
 
 
 async def checkpoints_get(store: Store, partition_ids: list[int]) -> list[PlannerCheckpoint]:
     if not partition_ids:
         return []
-    async with store.connection() as connection:
+    async with store.connection(control=True) as connection:
         rows = await connection.fetch(sql.CHECKPOINTS_GET, unique(partition_ids))
     return [checkpoint_from_row(row) for row in rows]
 

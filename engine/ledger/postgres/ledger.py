@@ -65,7 +65,7 @@ from engine.ledger.postgres import cluster, executions, schedules, sql
 from engine.ledger.postgres.connection import connect, create_pool, translate_errors
 from engine.ledger.postgres.listener import ChangeListener
 from engine.ledger.postgres.migrate import latest_version
-from engine.ledger.postgres.store import Store
+from engine.ledger.postgres.store import CONTROL_POOL_SIZE, Store
 from engine.model import Execution, Lease, PlannerCheckpoint, Schedule
 
 if TYPE_CHECKING:
@@ -233,7 +233,11 @@ async def open_postgres_ledger(
 
 async def _open_store(url: str, pool_max: int, statement_timeout_s: float) -> Store:
     pool = await create_pool(url, pool_max=pool_max, statement_timeout_s=statement_timeout_s)
+    control = None
     try:
+        control = await create_pool(
+            url, pool_max=CONTROL_POOL_SIZE, statement_timeout_s=statement_timeout_s
+        )
         with translate_errors(url):
             async with pool.acquire() as connection:
                 version = await connection.fetchval(sql.SCHEMA_VERSION)
@@ -251,9 +255,11 @@ async def _open_store(url: str, pool_max: int, statement_timeout_s: float) -> St
             )
         if settings is None:
             raise ConfigError("the cluster settings are missing; run `carillon migrate`")
-        return Store(pool, partition_count=settings["partition_count"])
+        return Store(pool, control, partition_count=settings["partition_count"])
     except BaseException:
         pool.terminate()
+        if control is not None:
+            control.terminate()
         raise
 
 
@@ -262,7 +268,7 @@ async def _close(store: Store, listener: ChangeListener) -> None:
     try:
         await asyncio.wait_for(store.close(), timeout=CLOSE_TIMEOUT_S)
     except Exception:  # the server is gone or slow: cut the connections instead
-        store.pool.terminate()
+        store.terminate()
 
 
 if TYPE_CHECKING:

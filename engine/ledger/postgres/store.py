@@ -34,11 +34,23 @@ CONFLICT_RETRIES: Final = 3
 _RETRYABLE: Final = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
 
 
-class Store:
-    """A pool of connections and the cluster's fixed partition count."""
+CONTROL_POOL_SIZE: Final = 2
+"""Connections reserved for lease, membership and clock operations."""
 
-    def __init__(self, pool: asyncpg.Pool, *, partition_count: int) -> None:
+
+class Store:
+    """Two pools of connections and the cluster's fixed partition count.
+
+    ``pool`` serves data operations (planning, claiming, listing); ``control`` serves only
+    the small operations that keep a node's leases and membership alive, so that a renewal
+    never waits behind a planner loading a million schedules and loses a lease it holds.
+    """
+
+    def __init__(
+        self, pool: asyncpg.Pool, control: asyncpg.Pool | None = None, *, partition_count: int
+    ) -> None:
         self.pool = pool
+        self.control = control or pool
         self.partition_count = partition_count
 
     async def run(self, op: Callable[[Store, P], Awaitable[T]], params: P) -> T:
@@ -60,26 +72,40 @@ class Store:
         except BaseException as exc:
             if is_unavailable(exc):
                 # Connections opened before the failure may all be dead (a restart); make
-                # the pool replace each one at its next acquisition instead of failing on it.
+                # the pools replace each one at its next acquisition instead of failing on it.
                 await self.pool.expire_connections()
+                if self.control is not self.pool:
+                    await self.control.expire_connections()
             raise
 
     @asynccontextmanager
-    async def connection(self) -> AsyncIterator[asyncpg.Connection]:
-        """A pooled connection in autocommit mode (for single-statement reads)."""
-        async with self.pool.acquire(timeout=ACQUIRE_TIMEOUT_S) as connection:
+    async def connection(self, *, control: bool = False) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection in autocommit mode (for single-statement reads); from the
+        control pool when ``control``."""
+        pool = self.control if control else self.pool
+        async with pool.acquire(timeout=ACQUIRE_TIMEOUT_S) as connection:
             yield connection
 
     @asynccontextmanager
-    async def transaction(self, *, readonly: bool = False) -> AsyncIterator[asyncpg.Connection]:
+    async def transaction(
+        self, *, readonly: bool = False, control: bool = False
+    ) -> AsyncIterator[asyncpg.Connection]:
         """A pooled connection inside a READ COMMITTED transaction (REPEATABLE READ when
         ``readonly``, so that several reads see one snapshot), committed on success."""
         isolation = "repeatable_read" if readonly else "read_committed"
+        pool = self.control if control else self.pool
         async with (
-            self.pool.acquire(timeout=ACQUIRE_TIMEOUT_S) as connection,
+            pool.acquire(timeout=ACQUIRE_TIMEOUT_S) as connection,
             connection.transaction(isolation=isolation, readonly=readonly),
         ):
             yield connection
 
     async def close(self) -> None:
         await self.pool.close()
+        if self.control is not self.pool:
+            await self.control.close()
+
+    def terminate(self) -> None:
+        self.pool.terminate()
+        if self.control is not self.pool:
+            self.control.terminate()
