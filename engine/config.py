@@ -24,6 +24,7 @@ CLOCK_PROBE_INTERVAL_S_DEFAULT: Final = 5.0
 CHANGE_POLL_INTERVAL_S_DEFAULT: Final = 1.0
 SHUTDOWN_TIMEOUT_S_DEFAULT: Final = 10.0
 CATCHUP_GRACE_S_DEFAULT: Final = 60.0
+RETENTION_DAYS_DEFAULT: Final = 7.0
 
 
 class LogFormat(enum.StrEnum):
@@ -66,6 +67,9 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """Longest wait for a schedule change notification before polling the feed anyway."""
     catchup_grace_s: float = CATCHUP_GRACE_S_DEFAULT
     """A fire less than this late is run normally; older ones follow the catch-up policy."""
+    retention_days: float = RETENTION_DAYS_DEFAULT
+    """Succeeded and skipped executions are deleted this long after they finished (dead
+    letters are kept until replayed)."""
     shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S_DEFAULT
     log_level: LogLevel = LogLevel.INFO
     log_format: LogFormat = LogFormat.HUMAN
@@ -97,6 +101,7 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             "clock_probe_interval_s",
             "change_poll_interval_s",
             "catchup_grace_s",
+            "retention_days",
             "shutdown_timeout_s",
         ):
             if getattr(self, name) <= 0:

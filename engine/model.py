@@ -71,12 +71,12 @@ class CatchUpPolicy(enum.StrEnum):
 class OverlapPolicy(enum.StrEnum):
     """What happens when a fire is due while the schedule's previous run is still going."""
 
-    SKIP = "skip"
-    """Record the new fire as skipped with the reason ``overlap`` (the default)."""
     ALLOW = "allow"
-    """Run it concurrently."""
-    QUEUE = "queue"
-    """Start it when the previous run finishes."""
+    """Run it concurrently (the default)."""
+    SKIP = "skip"
+    """Record the new fire as skipped with the reason ``overlap``."""
+    BUFFER_ONE = "buffer_one"
+    """Run it right after the running one finishes; further fires meanwhile are skipped."""
 
 
 class Schedule(msgspec.Struct, frozen=True, kw_only=True):
@@ -100,7 +100,7 @@ class Schedule(msgspec.Struct, frozen=True, kw_only=True):
     catch_up_window_s: float = CATCH_UP_WINDOW_S_DEFAULT
     dst_gap: DstGap = DstGap.AUTO
     dst_overlap: DstOverlap = DstOverlap.AUTO
-    overlap: OverlapPolicy = OverlapPolicy.SKIP
+    overlap: OverlapPolicy = OverlapPolicy.ALLOW
 
 
 class Execution(msgspec.Struct, frozen=True, kw_only=True):

@@ -8,7 +8,8 @@
         ├── ClockMonitor        offset to the database clock; gates planning
         ├── ChangeFeed          schedule changes -> the owning planner (watermark first)
         ├── PlannerSupervisor   one Planner per owned partition, inside its trust window
-        └── LeaseKeeper         renew, expire locally, hand back extras, acquire fair share
+        ├── LeaseKeeper         renew, expire locally, hand back extras, acquire fair share
+        └── RetentionKeeper     deletes old finished executions of owned partitions
 
 On cancellation (SIGTERM/SIGINT in ``carillon run``) the actors stop, then -- shielded and
 bounded by ``shutdown_timeout_s`` -- the node releases its leases, so other nodes take the
@@ -32,6 +33,7 @@ from engine.actors.membership import Membership, MembershipConfig, MembershipSta
 from engine.actors.partitions import PartitionTable
 from engine.actors.planner import PlannerConfig
 from engine.actors.planner_supervisor import PlannerSupervisor, PlannerSupervisorStatistics
+from engine.actors.retention import RetentionConfig, RetentionKeeper, RetentionStatistics
 from engine.actors.supervisor import ChildSpec, Supervisor, SupervisorStatistics
 from engine.clock import Clock
 from engine.config import NodeConfig
@@ -49,6 +51,7 @@ class NodeStatistics(msgspec.Struct, frozen=True):
     leases: LeaseStatistics
     changes: ChangeFeedStatistics
     planners: PlannerSupervisorStatistics
+    retention: RetentionStatistics
     supervisor: SupervisorStatistics
 
 
@@ -95,6 +98,9 @@ class Node:
         self.change_feed = ChangeFeed(
             ChangeFeedConfig(config.change_poll_interval_s), ledger, self, rng
         )
+        self.retention = RetentionKeeper(
+            RetentionConfig(keep_s=config.retention_days * 86400), ledger, self.table
+        )
         self.supervisor = Supervisor(
             [
                 ChildSpec("membership", lambda: self.membership),
@@ -102,6 +108,7 @@ class Node:
                 ChildSpec("change-feed", lambda: self.change_feed),
                 ChildSpec("planners", self._restart_planners),
                 ChildSpec("lease-keeper", lambda: self.lease_keeper),
+                ChildSpec("retention", lambda: self.retention),
             ],
             clock=clock,
             rng=rng,
@@ -133,6 +140,7 @@ class Node:
             self.lease_keeper.statistics(),
             self.change_feed.statistics(),
             self.planners.statistics(),
+            self.retention.statistics(),
             self.supervisor.statistics(),
         )
 

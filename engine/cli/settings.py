@@ -53,6 +53,7 @@ _HELP: Final = {
     "change_poll_interval_s": "longest wait for a schedule-change notification before polling",
     "catchup_grace_s": "a fire less late than this runs normally; older ones follow catch-up",
     "shutdown_timeout_s": "time allowed for a graceful shutdown after SIGTERM or SIGINT",
+    "retention_days": "finished executions are deleted this many days after they finish",
     "log_level": "least severe log records written",
     "log_format": "log line format: human text or one JSON object per line",
     "burst_plan_rate_per_s": (

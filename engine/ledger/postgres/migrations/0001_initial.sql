@@ -34,7 +34,7 @@ CREATE TABLE schedules (
     dst_gap           text        NOT NULL CHECK (dst_gap IN ('auto', 'shift', 'skip')),
     dst_overlap       text        NOT NULL
                                   CHECK (dst_overlap IN ('auto', 'first', 'last', 'both')),
-    overlap           text        NOT NULL CHECK (overlap IN ('skip', 'allow', 'queue')),
+    overlap           text        NOT NULL CHECK (overlap IN ('allow', 'skip', 'buffer_one')),
     deleted_at        timestamptz
 );
 
@@ -175,5 +175,5 @@ CREATE TABLE task_types (
     max_attempts     integer NOT NULL DEFAULT 5 CHECK (max_attempts >= 1),
     backoff_base_s   double precision NOT NULL DEFAULT 1 CHECK (backoff_base_s > 0),
     backoff_max_s    double precision NOT NULL DEFAULT 60 CHECK (backoff_max_s > 0),
-    overlap          text    NOT NULL DEFAULT 'skip' CHECK (overlap IN ('skip', 'allow', 'queue'))
+    overlap          text    NOT NULL DEFAULT 'skip' CHECK (overlap IN ('allow', 'skip', 'buffer_one'))
 );
