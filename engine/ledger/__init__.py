@@ -3,6 +3,6 @@
 The ledger table is the dispatch queue: anything not yet terminal in it is recoverable by the
 next owner of its partition. PostgreSQL is reached through one door, the uvloop thread of
 :mod:`engine.ledger.bridge`, and :mod:`engine.ledger.database` decides which server that is.
-Only ``postgres.py`` and ``bridge.py`` import asyncpg or uvloop (``tests/test_layering.py``
-enforces it); everything else in the engine stays on trio.
+Only the ``postgres`` package and ``bridge.py`` import asyncpg or uvloop
+(``tests/test_layering.py`` enforces it); everything else in the engine stays on trio.
 """
