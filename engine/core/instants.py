@@ -7,6 +7,7 @@ means different instants on different hosts.
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime
 
 from engine.errors import InvalidField
@@ -16,6 +17,13 @@ def format_utc(instant: datetime) -> str:
     """``2026-03-08T07:00:00Z`` for an aware datetime (converted to UTC)."""
     if instant.tzinfo is None:
         raise InvalidField(f"{instant.isoformat()} has no UTC offset")
+    return _format_utc(instant)
+
+
+@functools.lru_cache(maxsize=4096)
+def _format_utc(instant: datetime) -> str:
+    # Cached: a burst formats the same planned instant for every one of its executions.
+    # Aware datetimes hash and compare by their UTC instant, which is all the text depends on.
     text = instant.astimezone(UTC).replace(tzinfo=None).isoformat()
     return f"{text}Z"
 

@@ -79,24 +79,28 @@ async def executions_plan(store: Store, params: ExecutionsPlan) -> PlanResult:
     async with store.transaction() as connection:
         await require_fences(connection, [fence])
         if planned:
-            live = await connection.fetch(
+            rows = await connection.fetch(
                 sql.SCHEDULES_LOCK_LIVE, unique(p.schedule_id for p in planned)
             )
-            rows = await connection.fetch(
-                sql.EXECUTIONS_INSERT_PLANNED,
-                ids,
-                [p.schedule_id for p in planned],
-                [p.tenant_id for p in planned],
-                [p.task_type for p in planned],
-                [p.planned_at for p in planned],
-                [str(p.status) for p in planned],
-                [p.error_code for p in planned],
-                [p.error_message for p in planned],
-                fence.partition_id,
-                fence.fencing_token,
-                [row["schedule_id"] for row in live],
-            )
-            inserted = in_order(ids, (row["execution_id"] for row in rows))
+            live = {row["schedule_id"] for row in rows}
+            keep = [n for n, fire in enumerate(planned) if fire.schedule_id in live]
+            fires = [planned[n] for n in keep]
+            kept_ids = [ids[n] for n in keep]
+            if fires:
+                rows = await connection.fetch(
+                    sql.EXECUTIONS_INSERT_PLANNED,
+                    kept_ids,
+                    [p.schedule_id for p in fires],
+                    [p.tenant_id for p in fires],
+                    [p.task_type for p in fires],
+                    [p.planned_at for p in fires],
+                    [str(p.status) for p in fires],
+                    [p.error_code for p in fires],
+                    [p.error_message for p in fires],
+                    fence.partition_id,
+                    fence.fencing_token,
+                )
+                inserted = in_order(kept_ids, (row["execution_id"] for row in rows))
         advanced = await _advance(connection, advances)
         if checkpoint is not None:
             await connection.execute(sql.CHECKPOINT_ADVANCE, fence.partition_id, checkpoint)

@@ -258,12 +258,15 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::timestamptz[], $
             $7::text[], $8::text[])
      AS u (execution_id, schedule_id, tenant_id, task_type, planned_at, status, error_code,
            error_message)
-WHERE u.schedule_id = ANY($11::text[])
 ON CONFLICT (execution_id) DO NOTHING
 RETURNING execution_id
 """
-"""Record planned fires of the schedules locked live by :data:`SCHEDULES_LOCK_LIVE`
-(``$11``); fires already recorded are left alone and not returned."""
+"""Record planned fires (the caller passes only fires of schedules it locked live with
+:data:`SCHEDULES_LOCK_LIVE`); fires already recorded are left alone and not returned.
+
+The live filter is applied in Python, not as ``WHERE schedule_id = ANY($n)``: after five
+executions asyncpg's prepared statement gets a generic plan, where ``= ANY($param)`` is a
+linear search per row -- quadratic in the batch (measured: 70 ms to 300 ms per 5,000)."""
 
 SCHEDULES_ADVANCE: Final = """
 UPDATE schedules AS s SET next_run_at = u.next_run_at
@@ -390,6 +393,9 @@ WITH doomed AS (
     ORDER BY finished_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED
+), history AS (
+    DELETE FROM execution_attempts AS a USING doomed
+    WHERE a.execution_id = doomed.execution_id
 ), purged AS (
     DELETE FROM executions AS e USING doomed
     WHERE e.execution_id = doomed.execution_id
@@ -397,7 +403,8 @@ WITH doomed AS (
 )
 SELECT count(*) FROM purged
 """
-"""Delete old terminal executions; their attempts go with them (ON DELETE CASCADE)."""
+"""Delete old terminal executions and their attempt history, in one statement (the history
+table has no foreign key: checking one on every completion cost a fifth of its time)."""
 
 # --- listings: fixed fragments, composed per filter combination --------------------------
 
