@@ -13,12 +13,14 @@ Operating errors (bad input, an unreachable database, a lost lease) are subclass
     │   └── InvalidField           any other malformed value (ids, timestamps, policies, counts)
     ├── ConfigError                the node or a command was configured wrongly
     ├── ActorCrashLoop             an actor kept crashing; the node stops rather than limp
-    └── LedgerError                the durable store refused or could not do an operation
-        ├── LedgerUnavailable      unreachable, timed out, or restarted; retry with backoff
-        ├── LeaseLost              a fenced write matched no current lease: stop acting at once
-        ├── VersionConflict        optimistic concurrency: someone else updated first
-        ├── AlreadyExists          a record with that id exists already
-        └── NotFound               the addressed record does not exist
+    ├── LedgerError                the durable store refused or could not do an operation
+    │   ├── LedgerUnavailable      unreachable, timed out, or restarted; retry with backoff
+    │   ├── LeaseLost              a fenced write matched no current lease: stop acting at once
+    │   ├── VersionConflict        optimistic concurrency: someone else updated first
+    │   ├── AlreadyExists          a record with that id exists already
+    │   └── NotFound               the addressed record does not exist
+    ├── TransientError             raised by a user's Python handler: worth retrying with backoff
+    └── PermanentError             raised by a user's Python handler: retrying cannot help
 """
 
 from __future__ import annotations
@@ -94,3 +96,24 @@ class AlreadyExists(LedgerError):
 
 class NotFound(LedgerError):
     """The addressed record does not exist."""
+
+
+class TransientError(CarillonError):
+    """Raised by a ``python`` handler for a failure that a later attempt may not meet.
+
+    The execution is retried with exponential backoff (after at least ``retry_after_s``
+    when given) until its task type's ``max_attempts`` are used up. Any exception that is
+    neither this nor :class:`PermanentError` is classified *unknown*: retried a bounded
+    number of times, then dead-lettered.
+    """
+
+    def __init__(self, message: str = "", *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class PermanentError(CarillonError):
+    """Raised by a ``python`` handler for a failure no retry can fix (bad payload, gone resource).
+
+    The execution is dead-lettered at once; an operator may replay it after fixing the cause.
+    """

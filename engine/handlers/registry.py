@@ -1,0 +1,47 @@
+"""The one registry of handler kinds: a task type's ``kind`` and ``settings`` → a handler.
+
+Building validates everything that can be checked without running the effect (setting
+names and types, URLs, secrets, importability of Python callables, node policy such as
+``--enable-shell``), so ``carillon task-type set`` can refuse bad settings before storing
+them, and the worker pool can build handlers once per task type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from engine.clock import Clock, SystemClock
+from engine.errors import InvalidField
+from engine.handlers.base import Handler, HandlerOptions
+from engine.handlers.noop import NoopHandler
+from engine.handlers.python import PythonHandler
+from engine.handlers.shell import ShellHandler
+from engine.handlers.webhook import WebhookHandler
+
+HANDLER_KINDS: Final = ("noop", "python", "shell", "webhook")
+
+
+def build_handler(
+    kind: str,
+    settings: Mapping[str, Any],
+    *,
+    options: HandlerOptions,
+    clock: Clock | None = None,
+) -> Handler:
+    """A ready handler of ``kind`` configured by ``settings``.
+
+    ``clock`` supplies wall time where a handler needs it (webhook signature timestamps,
+    HTTP-date ``Retry-After``); the system clock by default. Raises
+    :class:`~engine.errors.InvalidField` for an unknown kind or bad settings, with a message
+    that says how to fix them.
+    """
+    if kind == "webhook":
+        return WebhookHandler(settings, options=options, clock=clock or SystemClock())
+    if kind == "python":
+        return PythonHandler(settings)
+    if kind == "shell":
+        return ShellHandler(settings, options=options)
+    if kind == "noop":
+        return NoopHandler(settings)
+    raise InvalidField(f"unknown handler kind {kind!r}; choose one of {', '.join(HANDLER_KINDS)}")

@@ -1,0 +1,333 @@
+"""The ``webhook`` handler: POST the execution as JSON to a URL, classify the answer.
+
+Settings: ``url`` (http or https, no credentials), optional ``secret`` (``whsec_…``: sign
+with Standard Webhooks, :mod:`engine.handlers.signing`), optional ``timeout_s`` (default: the
+node's ``webhook_timeout_s``).
+
+Every attempt of an execution sends the same ``Idempotency-Key`` (the execution id) and the
+same body apart from ``attempt`` and ``fencing_token``; receivers deduplicate on the key.
+
+How the request is made, and why:
+
+* **SSRF guard before and at connect time.** The host is resolved once, every address is
+  vetted (:mod:`engine.handlers.ssrf`), and the request is sent to a vetted *IP address*:
+  the URL's host is replaced by the address while the ``Host`` header and the TLS server
+  name (SNI, and certificate verification) keep the original host name. The connection can
+  therefore only go where the guard looked; a DNS answer that changes in between (DNS
+  rebinding) is never consulted. Addresses are tried in resolver order on connection errors.
+* **No proxies, no redirects.** Proxy variables from the environment are ignored (a proxy
+  would connect somewhere the guard never saw). A 3xx answer is a *permanent* failure
+  ``http_3xx``: the redirect target was never vetted, following it would turn a POST into a
+  GET on some status codes, and retrying the same URL yields the same redirect; the fix is
+  to store the final URL.
+* **Bounded.** One deadline (``timeout_s``) covers resolution, connection, TLS, upload and
+  the response; at most ``response_body_max_bytes`` of the response are read (raw, with
+  ``Accept-Encoding: identity`` so nothing is decompressed) and used only in error text.
+* **One connection per attempt** (no keep-alive across attempts): each attempt is vetted
+  afresh and no pool outlives it.
+
+Status mapping: 2xx succeeded; 408, 425, 429 and 5xx transient, honouring ``Retry-After``
+(seconds or an HTTP date); 3xx and other 4xx permanent; anything else unknown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import ssl
+from collections.abc import Mapping
+from datetime import UTC
+from email.utils import parsedate_to_datetime
+from typing import Any, Final
+
+import httpx
+import msgspec
+
+from engine.clock import Clock
+from engine.core.instants import format_utc
+from engine.errors import InvalidField
+from engine.handlers.base import (
+    ExecutionContext,
+    HandlerOptions,
+    HandlerResult,
+    check_timeout_s,
+    parse_settings,
+    run_with_timeout,
+)
+from engine.handlers.signing import parse_secret, signature_headers
+from engine.handlers.ssrf import AddressRefused, IPAddress, parse_allow_list, resolve_vetted
+
+URL_CHARS_MAX: Final = 2048
+RETRY_AFTER_S_MAX: Final = 24 * 3600.0
+"""A ``Retry-After`` further away than this is read as this."""
+EXCERPT_CHARS_MAX: Final = 500
+_TRANSIENT_STATUSES: Final = frozenset({408, 425, 429})
+
+
+def _user_agent() -> str:
+    try:
+        return f"carillon/{importlib.metadata.version('carillon')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "carillon"
+
+
+USER_AGENT: Final = _user_agent()
+
+
+class WebhookSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    url: str
+    secret: str | None = None
+    timeout_s: float | None = None
+
+
+def parse_webhook_url(text: str) -> httpx.URL:
+    """``text`` as an absolute http(s) URL without credentials; :class:`InvalidField` if not."""
+    if len(text) > URL_CHARS_MAX:
+        raise InvalidField(f"webhook handler: url is longer than {URL_CHARS_MAX} characters")
+    try:
+        url = httpx.URL(text)
+    except httpx.InvalidURL as error:
+        raise InvalidField(f"webhook handler: url {text!r} is not a valid URL ({error})") from None
+    if url.scheme not in ("http", "https"):
+        raise InvalidField(
+            f"webhook handler: url must start with http:// or https://, got {url.scheme!r}"
+        )
+    if not url.host:
+        raise InvalidField(f"webhook handler: url {text!r} names no host")
+    if url.userinfo:
+        raise InvalidField(
+            "webhook handler: url must not carry credentials (user:password@); "
+            "authenticate the receiver with the task type's secret instead"
+        )
+    return url
+
+
+def display_url(url: httpx.URL) -> str:
+    """The URL without its query and fragment, which may hold tokens, for error messages."""
+    return str(url.copy_with(query=None, fragment=None))
+
+
+def parse_retry_after(value: str | None, clock: Clock) -> float | None:
+    """Seconds to wait from a ``Retry-After`` value (delta-seconds or HTTP date), or ``None``."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isascii() and text.isdigit():
+        return min(float(text), RETRY_AFTER_S_MAX)
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # "-0000": RFC 9110 dates are GMT
+        when = when.replace(tzinfo=UTC)
+    return min(max((when - clock.now()).total_seconds(), 0.0), RETRY_AFTER_S_MAX)
+
+
+def classify_response(
+    status: int, headers: Mapping[str, str], excerpt: str, *, url: str, clock: Clock
+) -> HandlerResult:
+    """The outcome of an HTTP answer (see the module docstring for the mapping)."""
+    if 200 <= status < 300:
+        return HandlerResult.succeeded()
+    code = f"http_{status}"
+    said = f"POST {url} answered HTTP {status}" + (f": {excerpt}" if excerpt else "")
+    if 300 <= status < 400:
+        target = _redirect_target(headers.get("location"))
+        return HandlerResult.permanent(
+            code,
+            f"POST {url} answered HTTP {status}, a redirect to {target}; webhooks do not follow "
+            "redirects (the target was never vetted), so store the final URL in the task type",
+        )
+    if status in _TRANSIENT_STATUSES or 500 <= status < 600:
+        retry_after_s = parse_retry_after(headers.get("retry-after"), clock)
+        return HandlerResult.transient(code, said, retry_after_s=retry_after_s)
+    if 400 <= status < 500:
+        return HandlerResult.permanent(code, said)
+    return HandlerResult.unknown(code, said)
+
+
+async def read_capped(response: httpx.Response, limit_bytes: int) -> bytes:
+    """At most ``limit_bytes`` of the raw response body; the connection is closed after that.
+
+    Stopping early leaves httpx's nested stream generators suspended, and trio warns about
+    every generator collected unfinished; so once the cap is reached the response is closed
+    and iteration resumed, which makes every level see the closed connection and finish.
+    """
+    received = bytearray()
+    chunks = response.aiter_raw()
+    async for chunk in chunks:
+        received += chunk[: max(limit_bytes - len(received), 0)]
+        if len(received) >= limit_bytes:
+            break
+    else:
+        return bytes(received)
+    await response.aclose()
+    with contextlib.suppress(httpx.HTTPError, httpx.StreamError):
+        async for _ in chunks:  # only what was already buffered; then the closed socket ends it
+            pass
+    return bytes(received)
+
+
+def excerpt_of(body: bytes) -> str:
+    text = " ".join(body.decode("utf-8", errors="replace").split())
+    return text if len(text) <= EXCERPT_CHARS_MAX else text[: EXCERPT_CHARS_MAX - 1] + "…"
+
+
+def request_body(context: ExecutionContext) -> bytes:
+    """The JSON body: the context, ``planned_at`` in RFC 3339 UTC."""
+    return msgspec.json.encode(
+        {
+            "execution_id": context.execution_id,
+            "schedule_id": context.schedule_id,
+            "tenant_id": context.tenant_id,
+            "task_type": context.task_type,
+            "planned_at": format_utc(context.planned_at),
+            "attempt": context.attempt,
+            "fencing_token": context.fencing_token,
+            "payload": context.payload,
+        }
+    )
+
+
+class WebhookHandler:
+    """POSTs each attempt to one URL; build it with :func:`engine.handlers.build_handler`."""
+
+    def __init__(
+        self,
+        settings: Mapping[str, Any],
+        *,
+        options: HandlerOptions,
+        clock: Clock,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        parsed = parse_settings("webhook", settings, WebhookSettings)
+        self._url = parse_webhook_url(parsed.url)
+        self._display_url = display_url(self._url)
+        self._key = None if parsed.secret is None else parse_secret(parsed.secret)
+        timeout_s = options.webhook_timeout_s if parsed.timeout_s is None else parsed.timeout_s
+        self.timeout_s = check_timeout_s("webhook", timeout_s)
+        self._allow = parse_allow_list(options.webhook_allow_cidrs)
+        self._body_max_bytes = options.response_body_max_bytes
+        self._clock = clock
+        # Built once: loading the CA bundle costs milliseconds. SSL_CERT_FILE/DIR are honoured.
+        self._ssl_context = ssl_context or httpx.create_ssl_context(trust_env=True)
+
+    def __repr__(self) -> str:
+        return f"WebhookHandler(url={self._display_url!r}, signed={self._key is not None})"
+
+    async def run(self, context: ExecutionContext) -> HandlerResult:
+        return await run_with_timeout(self.timeout_s, lambda: self._deliver(context))
+
+    def _headers(self, context: ExecutionContext, body: bytes) -> dict[str, str]:
+        headers = {
+            "Host": self._url.netloc.decode("ascii"),
+            "Content-Type": "application/json",
+            "User-Agent": USER_AGENT,
+            "Accept-Encoding": "identity",
+            "Idempotency-Key": context.execution_id,
+            "X-Carillon-Execution-Id": context.execution_id,
+            "X-Carillon-Schedule-Id": context.schedule_id,
+            "X-Carillon-Planned-At": format_utc(context.planned_at),
+            "X-Carillon-Attempt": str(context.attempt),
+            "X-Carillon-Fencing-Token": str(context.fencing_token),
+        }
+        if self._key is not None:
+            timestamp = int(self._clock.now().timestamp())
+            headers |= signature_headers(self._key, context.execution_id, timestamp, body)
+        return headers
+
+    async def _deliver(self, context: ExecutionContext) -> HandlerResult:
+        host = self._url.raw_host.decode("ascii")
+        port = self._url.port or (443 if self._url.scheme == "https" else 80)
+        try:
+            addresses = await resolve_vetted(host, port, self._allow)
+        except AddressRefused as refused:
+            return HandlerResult.permanent("ssrf_refused", str(refused))
+        except OSError as error:
+            return HandlerResult.transient(
+                "dns_error", f"could not resolve {host} for {self._display_url}: {error}"
+            )
+        body = request_body(context)
+        headers = self._headers(context, body)
+        transport = httpx.AsyncHTTPTransport(
+            verify=self._ssl_context,
+            trust_env=False,
+            retries=0,
+            limits=httpx.Limits(max_connections=1, max_keepalive_connections=0),
+        )
+        async with httpx.AsyncClient(
+            transport=transport,
+            follow_redirects=False,
+            trust_env=False,
+            timeout=httpx.Timeout(self.timeout_s),
+        ) as client:
+            failures: list[str] = []
+            for address in addresses:
+                try:
+                    return await self._post(client, address, host, headers, body)
+                except httpx.ConnectError as error:
+                    failures.append(f"{address}: {_describe(error)}")
+                except httpx.TimeoutException as error:
+                    return HandlerResult.transient(
+                        "timeout", f"POST {self._display_url} to {address}: {_describe(error)}"
+                    )
+                except httpx.TransportError as error:
+                    return HandlerResult.transient(
+                        "network_error",
+                        f"POST {self._display_url} to {address}: {_describe(error)}",
+                    )
+            return HandlerResult.transient(
+                "connect_error",
+                f"could not connect to {self._display_url}: " + "; ".join(failures),
+            )
+
+    async def _post(
+        self,
+        client: httpx.AsyncClient,
+        address: IPAddress,
+        host: str,
+        headers: dict[str, str],
+        body: bytes,
+    ) -> HandlerResult:
+        """POST to ``address`` itself, keeping ``host`` for the Host header and TLS."""
+        pinned = self._url.copy_with(host=str(address))
+        extensions = {"sni_hostname": host} if self._url.scheme == "https" else {}
+        request = client.build_request(
+            "POST", pinned, content=body, headers=headers, extensions=extensions
+        )
+        response = await client.send(request, stream=True)
+        try:
+            received = await read_capped(response, self._body_max_bytes)
+        finally:
+            await response.aclose()
+        return classify_response(
+            response.status_code,
+            response.headers,
+            excerpt_of(received),
+            url=self._display_url,
+            clock=self._clock,
+        )
+
+
+def _redirect_target(location: str | None) -> str:
+    if not location:
+        return "nowhere (no Location header)"
+    try:
+        return display_url(httpx.URL(location))
+    except httpx.InvalidURL:
+        return "an invalid Location"
+
+
+def _describe(error: BaseException) -> str:
+    """The error and its root cause (httpx wraps the TLS or socket error that explains it)."""
+    root: BaseException = error
+    for _ in range(8):
+        inner = root.__cause__ or root.__context__
+        if inner is None:
+            break
+        root = inner
+    text = f"{type(error).__name__}"
+    if root is not error:
+        text += f": {type(root).__name__}"
+    detail = str(root) or str(error)
+    return f"{text}: {detail}" if detail else text
