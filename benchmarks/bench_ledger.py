@@ -72,11 +72,12 @@ from engine.ledger.base import (
     PlannedExecution,
     ScheduleAdvance,
     SchedulesCreate,
+    TaskTypesPut,
 )
 from engine.ledger.bridge import open_bridge
 from engine.ledger.database import resolve_database, url_with_database
 from engine.ledger.postgres import migrate_database, open_postgres_ledger, sql
-from engine.model import Schedule, execution_id
+from engine.model import HandlerKind, Schedule, TaskType, execution_id
 
 BATCH_ROWS: Final = 5_000
 CALLERS: Final = (1, 4)
@@ -216,6 +217,7 @@ async def prepare(url: str, buckets: list[list[str]]) -> tuple[list[Fence], date
             for bucket in buckets
             for schedule_id in bucket
         ]
+        await ledger.task_types_put(TaskTypesPut(TaskType(name="noop", kind=HandlerKind.NOOP)))
         for n in range(0, len(schedules), CREATE_BATCH):
             await ledger.schedules_create(SchedulesCreate(schedules[n : n + CREATE_BATCH]))
         leases = await ledger.leases_acquire(

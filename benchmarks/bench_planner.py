@@ -38,10 +38,10 @@ from benchmarks._report import machine, revision, summary, write_section
 from engine.clock import SystemClock
 from engine.config import LogLevel, NodeConfig
 from engine.core.timetable import TimetableCache
-from engine.ledger.base import SchedulesCreate
+from engine.ledger.base import SchedulesCreate, TaskTypesPut
 from engine.ledger.database import resolve_database, url_with_database
 from engine.ledger.postgres import migrate_database, open_postgres_ledger
-from engine.model import Schedule
+from engine.model import HandlerKind, Schedule, TaskType
 from engine.node import Node
 
 SPREAD = ["H * * * *", "H/15 * * * *", "H H * * *", "H/5 * * * *", "H H(8-18) * * MON-FRI"]
@@ -112,6 +112,7 @@ async def one_run(server_url: str, total: int, burst: int, steady_s: float) -> d
             burst_at = (now + lead).replace(microsecond=0)
             cache = TimetableCache()
             create_s = 0.0
+            await ledger.task_types_put(TaskTypesPut(TaskType(name="noop", kind=HandlerKind.NOOP)))
             for n in range(0, total, CREATE_BATCH):
                 batch = make_schedules(n, min(CREATE_BATCH, total - n), burst, burst_at, now, cache)
                 started = time.perf_counter()

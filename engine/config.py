@@ -25,6 +25,7 @@ CHANGE_POLL_INTERVAL_S_DEFAULT: Final = 1.0
 SHUTDOWN_TIMEOUT_S_DEFAULT: Final = 10.0
 CATCHUP_GRACE_S_DEFAULT: Final = 60.0
 RETENTION_DAYS_DEFAULT: Final = 7.0
+WORKERS_DEFAULT: Final = 32
 
 
 class LogFormat(enum.StrEnum):
@@ -70,6 +71,19 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     retention_days: float = RETENTION_DAYS_DEFAULT
     """Succeeded and skipped executions are deleted this long after they finished (dead
     letters are kept until replayed)."""
+    workers: int = WORKERS_DEFAULT
+    """Executions this node runs at once (its worker pool)."""
+    dispatch_rate_per_s: float = 0.0
+    """Starts per second across this node (0: as fast as the workers go)."""
+    dispatch_burst: int = 1_000
+    """Starts allowed at once above the rate."""
+    dispatch_smoothing_window_s: float = 0.0
+    """Spread the burst allowance over this many seconds instead of releasing it at once."""
+    webhook_allow_cidrs: str = ""
+    """Comma-separated networks webhooks may reach although the SSRF guard refuses them."""
+    enable_shell: bool = False
+    """Whether shell task types may run on this node (off: whoever can create a task type
+    could otherwise run any command as the node's user)."""
     shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S_DEFAULT
     log_level: LogLevel = LogLevel.INFO
     log_format: LogFormat = LogFormat.HUMAN
@@ -91,6 +105,12 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             problems.append(
                 f"plan_batch_max must be between 1 and 10000, got {self.plan_batch_max}"
             )
+        if not 1 <= self.workers <= 10_000:
+            problems.append(f"workers must be between 1 and 10000, got {self.workers}")
+        if self.dispatch_rate_per_s < 0 or self.dispatch_burst < 1:
+            problems.append("dispatch_rate_per_s must be >= 0 and dispatch_burst >= 1")
+        if self.dispatch_smoothing_window_s < 0:
+            problems.append("dispatch_smoothing_window_s must be >= 0")
         if self.burst_plan_rate_per_s <= 0 or not 0 <= self.burst_lookahead_extra_s_max <= 600:
             problems.append(
                 "burst_plan_rate_per_s must be positive and burst_lookahead_extra_s_max "
@@ -112,6 +132,10 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             )
         if problems:
             raise ConfigError("; ".join(problems))
+
+    @property
+    def webhook_allow_list(self) -> tuple[str, ...]:
+        return tuple(c.strip() for c in self.webhook_allow_cidrs.split(",") if c.strip())
 
     @property
     def lease_renew_interval_s(self) -> float:

@@ -12,9 +12,10 @@ handler: the queue may deliver twice, the effect happens once.
 from __future__ import annotations
 
 import enum
+import math
 import re
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import msgspec
 
@@ -27,6 +28,18 @@ PAYLOAD_BYTES_MAX: Final = 64 * 1024
 """Largest JSON-encoded payload a schedule may carry."""
 CATCH_UP_WINDOW_S_DEFAULT: Final = 3600.0
 CATCH_UP_WINDOW_S_MAX: Final = 7 * 24 * 3600.0
+TASK_TIMEOUT_S_MAX: Final = 24 * 3600.0
+"""Longest a task type may let one attempt run."""
+MAX_ATTEMPTS_MAX: Final = 100
+BACKOFF_S_MAX: Final = 24 * 3600.0
+"""Longest retry delay a task type may ask for."""
+CONCURRENCY_MAX: Final = 1_000_000
+"""Largest concurrency cap or quota (per node or cluster-wide)."""
+TENANT_WEIGHT_MAX: Final = 1000
+TENANT_RATE_PER_S_MAX: Final = 1_000_000.0
+TENANT_BURST_MAX: Final = 1_000_000
+SETTINGS_BYTES_MAX: Final = 16 * 1024
+"""Largest JSON-encoded handler settings a task type may carry."""
 
 _IDENTIFIER: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._~-]*$")
 
@@ -77,6 +90,63 @@ class OverlapPolicy(enum.StrEnum):
     """Record the new fire as skipped with the reason ``overlap``."""
     BUFFER_ONE = "buffer_one"
     """Run it right after the running one finishes; further fires meanwhile are skipped."""
+
+
+class HandlerKind(enum.StrEnum):
+    """Which handler runs the executions of a task type (``engine/handlers``)."""
+
+    WEBHOOK = "webhook"
+    """HTTP POST; settings ``url``, optional ``secret`` (signing) and ``headers``."""
+    PYTHON = "python"
+    """An imported function; settings ``callable`` (``package.module:function``)."""
+    SHELL = "shell"
+    """A process; settings ``argv`` (a list, never a shell string) and optional ``env``."""
+    NOOP = "noop"
+    """Succeeds, optionally after ``delay_s``: for benchmarks and smoke tests."""
+
+
+class TaskType(msgspec.Struct, frozen=True, kw_only=True):
+    """What running an execution of a schedule's ``task_type`` means, and its limits.
+
+    Stored in the ledger so every node agrees; a schedule may only name a task type that
+    exists. ``settings`` are kind-specific and checked by the handler registry, not here.
+    """
+
+    name: str
+    kind: HandlerKind
+    settings: dict[str, Any] = msgspec.field(default_factory=dict)
+    timeout_s: float = 30.0
+    """How long one attempt may run before it is abandoned as failed."""
+    max_concurrency: int | None = None
+    """Most executions of this type running at once on one node (``None``: no cap)."""
+    max_concurrency_cluster: int | None = None
+    """Most executions of this type running at once in the whole cluster (``None``: no cap)."""
+    max_attempts: int = 5
+    """Attempts before a failing execution is dead-lettered (1: never retried)."""
+    backoff_base_s: float = 1.0
+    backoff_max_s: float = 60.0
+    overlap: OverlapPolicy | None = None
+    """The overlap policy of schedules of this type that do not choose one."""
+    updated_at: datetime | None = None
+    """Set by the ledger."""
+    version: int = 1
+    """Set by the ledger: 1 when created, incremented on every change."""
+
+
+class Tenant(msgspec.Struct, frozen=True, kw_only=True):
+    """A tenant's share of the dispatcher. A tenant never stored has these defaults."""
+
+    tenant_id: str
+    weight: int = 1
+    """Relative share in the weighted round-robin across tenants, 1-1000."""
+    concurrency_quota: int | None = None
+    """Most executions of this tenant running at once on one node (``None``: no quota)."""
+    rate_per_s: float | None = None
+    """Sustained starts per second for this tenant (``None``: only the node's rate)."""
+    burst: int | None = None
+    """Starts allowed at once above ``rate_per_s`` (needs a rate)."""
+    updated_at: datetime | None = None
+    version: int = 1
 
 
 class Schedule(msgspec.Struct, frozen=True, kw_only=True):
@@ -182,3 +252,121 @@ def check_payload_size(payload: dict[str, Any]) -> int:
             "(store large data elsewhere and pass a reference)"
         )
     return size
+
+
+def validate_task_type(task_type: TaskType) -> TaskType:
+    """``task_type`` checked, with its enums and numbers normalised; ``InvalidField`` naming
+    the first bad field. Handler settings are only checked to be a small JSON object here;
+    what they must contain is the handler registry's business."""
+    name = validate_identifier(task_type.name, kind="task type name")
+    where = f"task type {name!r}"
+    kind = _enum(HandlerKind, task_type.kind, f"{where}: kind")
+    overlap = (
+        None
+        if task_type.overlap is None
+        else _enum(OverlapPolicy, task_type.overlap, f"{where}: overlap")
+    )
+    check_settings_size(task_type.settings, where=where)
+    timeout_s = _seconds(task_type.timeout_s, TASK_TIMEOUT_S_MAX, f"{where}: timeout_s")
+    base_s = _seconds(task_type.backoff_base_s, BACKOFF_S_MAX, f"{where}: backoff_base_s")
+    max_s = _seconds(task_type.backoff_max_s, BACKOFF_S_MAX, f"{where}: backoff_max_s")
+    if max_s < base_s:
+        raise InvalidField(
+            f"{where}: backoff_max_s ({max_s:g}) must not be less than backoff_base_s ({base_s:g})"
+        )
+    return msgspec.structs.replace(
+        task_type,
+        kind=kind,
+        overlap=overlap,
+        timeout_s=timeout_s,
+        max_concurrency=_count_or_none(
+            task_type.max_concurrency, CONCURRENCY_MAX, f"{where}: max_concurrency"
+        ),
+        max_concurrency_cluster=_count_or_none(
+            task_type.max_concurrency_cluster,
+            CONCURRENCY_MAX,
+            f"{where}: max_concurrency_cluster",
+        ),
+        max_attempts=_count(task_type.max_attempts, MAX_ATTEMPTS_MAX, f"{where}: max_attempts"),
+        backoff_base_s=base_s,
+        backoff_max_s=max_s,
+    )
+
+
+def validate_tenant(tenant: Tenant) -> Tenant:
+    """``tenant`` checked, numbers normalised; ``InvalidField`` naming the first bad field."""
+    tenant_id = validate_identifier(tenant.tenant_id, kind="tenant id")
+    where = f"tenant {tenant_id!r}"
+    rate = tenant.rate_per_s
+    if rate is not None:
+        if isinstance(rate, bool) or not isinstance(rate, int | float):
+            raise InvalidField(f"{where}: rate_per_s must be a number, got {rate!r}")
+        if not (math.isfinite(rate) and 0 < rate <= TENANT_RATE_PER_S_MAX):
+            raise InvalidField(
+                f"{where}: rate_per_s must be above 0 and at most {TENANT_RATE_PER_S_MAX:g} "
+                f"starts per second, got {rate}"
+            )
+        rate = float(rate)
+    burst = _count_or_none(tenant.burst, TENANT_BURST_MAX, f"{where}: burst")
+    if burst is not None and rate is None:
+        raise InvalidField(f"{where}: a burst only applies with a rate; set rate_per_s too")
+    return msgspec.structs.replace(
+        tenant,
+        weight=_count(tenant.weight, TENANT_WEIGHT_MAX, f"{where}: weight"),
+        concurrency_quota=_count_or_none(
+            tenant.concurrency_quota, CONCURRENCY_MAX, f"{where}: concurrency_quota"
+        ),
+        rate_per_s=rate,
+        burst=burst,
+    )
+
+
+def check_settings_size(settings: dict[str, Any], *, where: str) -> int:
+    """The JSON size of handler ``settings``; ``InvalidField`` unless they are a JSON object
+    of at most :data:`SETTINGS_BYTES_MAX` bytes."""
+    if not isinstance(settings, dict) or not all(isinstance(key, str) for key in settings):
+        raise InvalidField(f"{where}: settings must be a JSON object with string keys")
+    try:
+        size = len(msgspec.json.encode(settings))
+    except (TypeError, msgspec.EncodeError) as exc:
+        raise InvalidField(f"{where}: settings are not JSON-encodable ({exc})") from None
+    if size > SETTINGS_BYTES_MAX:
+        raise InvalidField(
+            f"{where}: settings are {size} bytes of JSON; the limit is {SETTINGS_BYTES_MAX}"
+        )
+    return size
+
+
+_E = TypeVar("_E", bound=enum.StrEnum)
+
+
+def _enum(kind: type[_E], value: object, field: str) -> _E:
+    if isinstance(value, str):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    choices = ", ".join(member.value for member in kind)
+    raise InvalidField(f"{field} must be one of {choices}, got {value!r}")
+
+
+def _seconds(value: object, maximum: float, field: str) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (math.isfinite(value) and 0 < value <= maximum)
+    ):
+        raise InvalidField(
+            f"{field} must be a positive number of seconds up to {maximum:g}, got {value!r}"
+        )
+    return float(value)
+
+
+def _count(value: object, maximum: int, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+        raise InvalidField(f"{field} must be a whole number from 1 to {maximum}, got {value!r}")
+    return value
+
+
+def _count_or_none(value: object, maximum: int, field: str) -> int | None:
+    return None if value is None else _count(value, maximum, field)

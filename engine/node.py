@@ -9,7 +9,11 @@
         ├── ChangeFeed          schedule changes -> the owning planner (watermark first)
         ├── PlannerSupervisor   one Planner per owned partition, inside its trust window
         ├── LeaseKeeper         renew, expire locally, hand back extras, acquire fair share
-        └── RetentionKeeper     deletes old finished executions of owned partitions
+        ├── RetentionKeeper     deletes old finished executions of owned partitions
+        ├── CompletionWriter    batches completion writes (fenced, idempotent)
+        ├── WorkerPool          runs claimed executions through their task type's handler
+        ├── Dispatcher          due executions -> fair queue -> claim -> workers
+        └── Redeliverer         re-queues executions whose attempt lease ran out
 
 On cancellation (SIGTERM/SIGINT in ``carillon run``) the actors stop, then -- shielded and
 bounded by ``shutdown_timeout_s`` -- the node releases its leases, so other nodes take the
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import random
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -27,19 +32,30 @@ import trio
 
 from engine.actors.change_feed import ChangeFeed, ChangeFeedConfig, ChangeFeedStatistics
 from engine.actors.clock_monitor import ClockMonitor, ClockMonitorConfig, ClockStatistics
+from engine.actors.completions import (
+    CompletionStatistics,
+    CompletionWriter,
+    CompletionWriterConfig,
+)
+from engine.actors.dispatcher import Dispatcher, DispatcherConfig, DispatcherStatistics
 from engine.actors.forecast import BurstForecast, ForecastConfig
 from engine.actors.lease_keeper import LeaseKeeper, LeaseKeeperConfig, LeaseStatistics
 from engine.actors.membership import Membership, MembershipConfig, MembershipStatistics
 from engine.actors.partitions import PartitionTable
 from engine.actors.planner import PlannerConfig
 from engine.actors.planner_supervisor import PlannerSupervisor, PlannerSupervisorStatistics
+from engine.actors.redeliverer import Redeliverer, RedelivererConfig, RedelivererStatistics
 from engine.actors.retention import RetentionConfig, RetentionKeeper, RetentionStatistics
 from engine.actors.supervisor import ChildSpec, Supervisor, SupervisorStatistics
+from engine.actors.workers import WorkerPool, WorkerPoolConfig, WorkerStatistics
 from engine.clock import Clock
 from engine.config import NodeConfig
+from engine.core.dispatch import ConcurrencyLimits
 from engine.core.timetable import TimetableCache
 from engine.errors import ConfigError, LedgerUnavailable
+from engine.handlers import HandlerOptions
 from engine.ledger.base import Ledger
+from engine.model import Execution
 
 log = logging.getLogger("carillon.node")
 
@@ -52,6 +68,10 @@ class NodeStatistics(msgspec.Struct, frozen=True):
     changes: ChangeFeedStatistics
     planners: PlannerSupervisorStatistics
     retention: RetentionStatistics
+    dispatcher: DispatcherStatistics
+    workers: WorkerStatistics
+    completions: CompletionStatistics
+    redeliverer: RedelivererStatistics
     supervisor: SupervisorStatistics
 
 
@@ -98,6 +118,36 @@ class Node:
         self.change_feed = ChangeFeed(
             ChangeFeedConfig(config.change_poll_interval_s), ledger, self, rng
         )
+        self.completions = CompletionWriter(CompletionWriterConfig(), ledger, self.table, rng)
+        self.limits = ConcurrencyLimits()
+        self.workers = WorkerPool(
+            WorkerPoolConfig(workers=config.workers),
+            ledger,
+            clock,
+            self.completions,
+            HandlerOptions(
+                webhook_allow_cidrs=config.webhook_allow_list, enable_shell=config.enable_shell
+            ),
+            rng,
+            on_finished=self._finished,
+            on_retry=self._request_fetch,
+        )
+        self.dispatcher = Dispatcher(
+            DispatcherConfig(
+                node_id=config.node_id,
+                rate_per_s=config.dispatch_rate_per_s or None,
+                burst=config.dispatch_burst,
+                smoothing_window_s=config.dispatch_smoothing_window_s,
+            ),
+            ledger,
+            clock,
+            self.clock_monitor,
+            self.table,
+            self.workers,
+            self.limits,
+            rng,
+        )
+        self.redeliverer = Redeliverer(RedelivererConfig(), ledger, self.table)
         self.retention = RetentionKeeper(
             RetentionConfig(keep_s=config.retention_days * 86400), ledger, self.table
         )
@@ -109,10 +159,20 @@ class Node:
                 ChildSpec("planners", self._restart_planners),
                 ChildSpec("lease-keeper", lambda: self.lease_keeper),
                 ChildSpec("retention", lambda: self.retention),
+                ChildSpec("completions", lambda: self.completions),
+                ChildSpec("workers", lambda: self.workers),
+                ChildSpec("dispatcher", lambda: self.dispatcher),
+                ChildSpec("redeliverer", lambda: self.redeliverer),
             ],
             clock=clock,
             rng=rng,
         )
+
+    def _request_fetch(self, at: datetime) -> None:
+        self.dispatcher.request_fetch(at)
+
+    def _finished(self, execution: Execution) -> None:
+        self.dispatcher.finished(execution)  # set in __init__ before any worker runs
 
     def notify(self, partition_id: int, schedule_id: str) -> None:
         """Change-feed sink: forward to whichever planner supervisor is current."""
@@ -141,6 +201,10 @@ class Node:
             self.change_feed.statistics(),
             self.planners.statistics(),
             self.retention.statistics(),
+            self.dispatcher.statistics(),
+            self.workers.statistics(),
+            self.completions.statistics(),
+            self.redeliverer.statistics(),
             self.supervisor.statistics(),
         )
 
@@ -153,6 +217,7 @@ class Node:
             self.table,
             self._rng,
             self.forecast,
+            self._request_fetch,
         )
 
     def _restart_planners(self) -> PlannerSupervisor:

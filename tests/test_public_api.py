@@ -9,7 +9,7 @@ PINNED = {
     "OverlapPolicy", "PlannerCheckpoint", "Schedule", "ScheduleNeverFires", "SystemClock",
     "Timetable", "TimetableCache", "UnknownTimeZone", "ValidationError", "VersionConflict",
     "__version__", "execution_id", "partition_of", "stable_hash",
-    "TransientError", "PermanentError",
+    "TransientError", "PermanentError", "TaskType", "Tenant", "HandlerKind",
 }  # fmt: skip
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -101,8 +102,10 @@ class Planner:
         rng: random.Random,
         forecast: BurstForecast | None = None,
         load_slots: trio.Semaphore | None = None,
+        on_planned: Callable[[datetime], None] = lambda at: None,
     ) -> None:
         self.fence = fence
+        self._on_planned = on_planned
         self._load_slots = load_slots or trio.Semaphore(1)
         self._forecast = forecast or BurstForecast(
             ForecastConfig(config.lookahead_s, plan_rate_per_s=1e12, max_extra_s=0.0)
@@ -236,6 +239,9 @@ class Planner:
         self._batches += 1
         self._checkpoint = checkpoint
         self._publish()
+        queued = [e.planned_at for e in executions if e.error_code is None]
+        if queued:
+            self._on_planned(min(queued))  # the dispatcher fetches them when they are due
         return handled
 
     def statistics(self) -> PlannerStatistics:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
+from datetime import datetime
 from typing import Any, Final
 
 import msgspec
@@ -43,8 +45,10 @@ class PlannerSupervisor:
         table: PartitionTable,
         rng: random.Random,
         forecast: BurstForecast,
+        on_planned: Callable[[datetime], None] = lambda at: None,
     ) -> None:
         self.config = config
+        self._on_planned = on_planned
         self._forecast = forecast
         # Loading is bulk work: a few partitions at a time keep the pool and the CPU free
         # for lease renewals and for planners that are already running.
@@ -97,6 +101,7 @@ class PlannerSupervisor:
             self._rng,
             self._forecast,
             self._load_slots,
+            self._on_planned,
         )
         stepped_down = False
         try:

@@ -54,6 +54,15 @@ _HELP: Final = {
     "catchup_grace_s": "a fire less late than this runs normally; older ones follow catch-up",
     "shutdown_timeout_s": "time allowed for a graceful shutdown after SIGTERM or SIGINT",
     "retention_days": "finished executions are deleted this many days after they finish",
+    "workers": "executions this node runs at once",
+    "dispatch_rate_per_s": "starts per second across this node; 0 for no limit",
+    "dispatch_burst": "starts allowed at once above the rate",
+    "dispatch_smoothing_window_s": "spread the burst allowance over this many seconds",
+    "webhook_allow_cidrs": (
+        "comma-separated CIDRs webhooks may reach although the SSRF guard refuses them, "
+        "e.g. 127.0.0.0/8 for a local test receiver"
+    ),
+    "enable_shell": "true to let shell task types run on this node (off by default)",
     "log_level": "least severe log records written",
     "log_format": "log line format: human text or one JSON object per line",
     "burst_plan_rate_per_s": (
@@ -63,7 +72,9 @@ _HELP: Final = {
     "burst_lookahead_extra_s_max": "the most a burst's lead may exceed the lookahead",
 }
 
-Kind = Literal["number", "integer", "text", "choice"]
+Kind = Literal["number", "integer", "text", "choice", "boolean"]
+_TRUE: Final = frozenset({"1", "true", "yes", "on"})
+_FALSE: Final = frozenset({"0", "false", "no", "off"})
 
 
 class _Invalid(ValueError):
@@ -109,6 +120,11 @@ class Setting:
                 return int(text)
             except ValueError:
                 raise _Invalid("is not a whole number") from None
+        if self.kind == "boolean":
+            lowered = text.strip().lower()
+            if lowered in _TRUE or lowered in _FALSE:
+                return lowered in _TRUE
+            raise _Invalid("is not true or false")
         if self.enum_type is not None:
             try:
                 return self.enum_type(text.strip().lower())
@@ -141,8 +157,14 @@ class Setting:
             return raw
         if self.kind == "choice" and isinstance(raw, enum.Enum):
             return self.parse(str(raw.value))
+        if self.kind == "boolean" and isinstance(raw, bool):
+            return raw
         unquote = " (write it without quotes)" if isinstance(raw, str) else ""
-        expected = {"number": "a number", "integer": "a whole number"}.get(self.kind, "a string")
+        expected = {
+            "number": "a number",
+            "integer": "a whole number",
+            "boolean": "true or false",
+        }.get(self.kind, "a string")
         raise _Invalid(f"is not {expected}{unquote}")
 
 
@@ -155,7 +177,9 @@ def _finite(number: float) -> float:
 def _setting(field: msgspec.structs.FieldInfo) -> Setting:
     kind: Kind
     enum_type = None
-    if field.type is float:
+    if field.type is bool:
+        kind = "boolean"
+    elif field.type is float:
         kind = "number"
     elif field.type is int:
         kind = "integer"

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import re
 import ssl
 from collections.abc import Mapping
 from datetime import UTC
@@ -78,6 +79,25 @@ class WebhookSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     url: str
     secret: str | None = None
     timeout_s: float | None = None
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+    """Extra request headers (an API key, a routing tag). They cannot replace the headers
+    Carillon sets itself (the idempotency, context and signature headers)."""
+
+
+HEADERS_MAX: Final = 32
+_HEADER_NAME: Final = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,100}$")
+
+
+def check_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """Valid extra headers, or :class:`InvalidField` saying which is not."""
+    if len(headers) > HEADERS_MAX:
+        raise InvalidField(f"webhook handler: at most {HEADERS_MAX} extra headers")
+    for name, value in headers.items():
+        if not _HEADER_NAME.match(name):
+            raise InvalidField(f"webhook handler: {name!r} is not a valid header name")
+        if any(ch in value for ch in "\r\n\0") or len(value) > 4096:
+            raise InvalidField(f"webhook handler: the value of header {name!r} is not allowed")
+    return dict(headers)
 
 
 def parse_webhook_url(text: str) -> httpx.URL:
@@ -204,6 +224,7 @@ class WebhookHandler:
         self._url = parse_webhook_url(parsed.url)
         self._display_url = display_url(self._url)
         self._key = None if parsed.secret is None else parse_secret(parsed.secret)
+        self._extra_headers = check_headers(parsed.headers)
         timeout_s = options.webhook_timeout_s if parsed.timeout_s is None else parsed.timeout_s
         self.timeout_s = check_timeout_s("webhook", timeout_s)
         self._allow = parse_allow_list(options.webhook_allow_cidrs)
@@ -219,7 +240,8 @@ class WebhookHandler:
         return await run_with_timeout(self.timeout_s, lambda: self._deliver(context))
 
     def _headers(self, context: ExecutionContext, body: bytes) -> dict[str, str]:
-        headers = {
+        headers = dict(self._extra_headers)
+        headers |= {
             "Host": self._url.netloc.decode("ascii"),
             "Content-Type": "application/json",
             "User-Agent": USER_AGENT,

@@ -14,6 +14,8 @@ Invariants
   hot paths (due, claim, re-queue) never scan terminal history.
 * :class:`ChangeFeed` numbers changes 1, 2, 3 ... in the order they are appended, which is
   the order their transactions commit (the memory ledger runs one method at a time).
+* :class:`VersionedTable` gives a record version 1 when it is first stored and one more on
+  every replacement; a write that expects another version changes nothing.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
+from typing import Generic, TypeVar
 
 import msgspec
 import trio
 
-from engine.errors import InvalidField, LeaseLost
+from engine.errors import InvalidField, LeaseLost, NotFound, VersionConflict
 from engine.ledger.base import (
     Attempt,
     ChangeKind,
@@ -36,7 +39,7 @@ from engine.ledger.base import (
     ScheduleChange,
     decode_cursor,
 )
-from engine.model import Execution, ExecutionStatus, Lease
+from engine.model import Execution, ExecutionStatus, Lease, TaskType, Tenant
 
 # --- validation helpers -------------------------------------------------------------------
 
@@ -451,3 +454,49 @@ class ChangeFeed:
             await appended.wait()
             return True
         return False
+
+
+# --- versioned configuration records ------------------------------------------------------
+
+R = TypeVar("R", TaskType, Tenant)
+
+
+class VersionedTable(Generic[R]):
+    """Records by key with optimistic versions: the task types and tenants tables."""
+
+    def __init__(self, what: str, *, absent: str = "does not exist") -> None:
+        self._what = what
+        self._absent = absent
+        self._rows: dict[str, R] = {}
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._rows
+
+    def get(self, key: str) -> R:
+        row = self._rows.get(key)
+        if row is None:
+            raise NotFound(f"{self._what} {key!r} {self._absent}")
+        return row
+
+    def rows(self) -> list[R]:
+        return [self._rows[key] for key in sorted(self._rows)]
+
+    def put(self, key: str, record: R, expected_version: int | None, now: datetime) -> R:
+        """Store ``record`` under the next version; ``VersionConflict`` if
+        ``expected_version`` is given and is not the current one (0 when absent)."""
+        current = self._rows.get(key)
+        version = 0 if current is None else current.version
+        if expected_version is not None and expected_version != version:
+            state = "does not exist" if current is None else f"is at version {version}"
+            raise VersionConflict(
+                f"{self._what} {key!r} {state}, not version {expected_version}; re-read it "
+                "and apply the change again"
+            )
+        stored = msgspec.structs.replace(record, version=version + 1, updated_at=now)
+        self._rows[key] = stored
+        return stored
+
+    def delete(self, key: str) -> R:
+        row = self.get(key)
+        del self._rows[key]
+        return row

@@ -31,12 +31,15 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 
 import msgspec
 
+from engine.errors import InvalidField
 from engine.model import (
     Execution,
     ExecutionStatus,
     Lease,
     PlannerCheckpoint,
     Schedule,
+    TaskType,
+    Tenant,
 )
 
 BATCH_ROWS_MAX: Final = 10_000
@@ -272,6 +275,25 @@ class ExecutionsPurge(msgspec.Struct, frozen=True):
     limit: int = BATCH_ROWS_MAX
 
 
+class TaskTypesPut(msgspec.Struct, frozen=True):
+    """Create or replace a task type. ``version`` and ``updated_at`` of the input are ignored.
+
+    With ``expected_version``, applied only if the stored version equals it, an absent task
+    type counting as version 0 (so ``expected_version=0`` means "create, never replace").
+    """
+
+    task_type: TaskType
+    expected_version: int | None = None
+
+
+class TenantsPut(msgspec.Struct, frozen=True):
+    """Create or replace a tenant's dispatch settings; ``expected_version`` as in
+    :class:`TaskTypesPut`."""
+
+    tenant: Tenant
+    expected_version: int | None = None
+
+
 # --- the protocol -----------------------------------------------------------------------
 
 
@@ -297,10 +319,11 @@ class Ledger(Protocol):
         version, so that a planner still holding the old incarnation cannot advance the new
         one --, ``partition_id = partition_of(id, partition_count)`` and
         ``updated_at`` = ledger now; ``next_run_at`` is stored as given. A change of kind
-        ``created`` is appended to the feed for each. Errors: ``AlreadyExists`` naming the
-        ids that exist (not deleted); ``InvalidField`` for a payload over
-        ``PAYLOAD_BYTES_MAX`` or more than :data:`BATCH_ROWS_MAX` schedules. A deleted
-        schedule's id may be created again (its old executions keep their ids).
+        ``created`` is appended to the feed for each. Errors: ``InvalidField`` naming every
+        ``task_type`` that does not exist (:meth:`task_types_put` first), for a payload over
+        ``PAYLOAD_BYTES_MAX`` or for more than :data:`BATCH_ROWS_MAX` schedules;
+        ``AlreadyExists`` naming the ids that exist (not deleted). A deleted schedule's id
+        may be created again (its old executions keep their ids).
         """
         ...
 
@@ -309,8 +332,9 @@ class Ledger(Protocol):
 
         Applied only if the stored version equals ``expected_version``: otherwise
         ``VersionConflict`` (someone else updated first) and nothing changes. ``NotFound``
-        if absent or deleted. ``next_run_at`` is stored as given (the caller recomputes it
-        when the expression changes). Appends an ``updated`` change.
+        if absent or deleted; ``InvalidField`` if its ``task_type`` does not exist (checked
+        first). ``next_run_at`` is stored as given (the caller recomputes it when the
+        expression changes). Appends an ``updated`` change.
         """
         ...
 
@@ -354,6 +378,62 @@ class Ledger(Protocol):
         Returns ``True`` when woken by a change (LISTEN/NOTIFY on Postgres), ``False`` on
         timeout. Spurious wake-ups are allowed; callers re-read :meth:`schedule_changes`.
         """
+        ...
+
+    # task types and tenants ------------------------------------------------------------------
+    #
+    # Configuration every node reads: task types say how executions run and within which
+    # limits; tenant rows say how the dispatcher shares out work. Both are few (operator-
+    # managed), so they are listed whole. Their changes are not in the schedule change feed:
+    # readers re-list them periodically.
+
+    async def task_types_put(self, params: TaskTypesPut) -> TaskType:
+        """Create a task type (``version`` 1) or replace every field of an existing one
+        (``version`` + 1); ``updated_at`` = ledger now; returns it as stored.
+
+        ``InvalidField`` for a malformed task type (:func:`~engine.model.validate_task_type`:
+        name, kind, ranges, settings that are not a JSON object of at most
+        ``SETTINGS_BYTES_MAX`` bytes -- their content is not checked here);
+        ``VersionConflict`` if ``expected_version`` is given and the stored version (0 when
+        absent) differs, and then nothing changes. Schedules and executions naming it see
+        the new settings from their next dispatch on.
+        """
+        ...
+
+    async def task_types_get(self, name: str) -> TaskType:
+        """The task type; ``NotFound`` if absent."""
+        ...
+
+    async def task_types_list(self) -> list[TaskType]:
+        """Every task type, by name."""
+        ...
+
+    async def task_types_delete(self, name: str) -> TaskType:
+        """Delete a task type; returns it as it was.
+
+        ``NotFound`` if absent; ``InvalidField`` -- and nothing changes -- while any live
+        schedule names it (saying how many, and which first): delete those schedules or
+        move them to another task type first. Deleted schedules do not count. Executions
+        keep the name they were planned with, so one may outlive its task type (e.g. still
+        running when its schedule and then the task type are deleted).
+        Refusal and deletion are atomic with respect to :meth:`schedules_create` and
+        :meth:`schedules_update`: no live schedule can ever name a deleted task type.
+        """
+        ...
+
+    async def tenants_put(self, params: TenantsPut) -> Tenant:
+        """Create or replace a tenant's dispatch settings, versioned like
+        :meth:`task_types_put`; ``InvalidField`` for malformed ones
+        (:func:`~engine.model.validate_tenant`). Tenants need no row to own schedules."""
+        ...
+
+    async def tenants_get(self, tenant_id: str) -> Tenant:
+        """The tenant's stored settings; ``NotFound`` if none were ever put -- the
+        tenant then has the defaults, ``Tenant(tenant_id=tenant_id)``."""
+        ...
+
+    async def tenants_list(self) -> list[Tenant]:
+        """Every stored tenant, by id; tenants absent from it have the defaults."""
         ...
 
     # leases and membership -------------------------------------------------------------------
@@ -478,3 +558,34 @@ def decode_cursor(cursor: str) -> list[Any]:
     if not isinstance(parts, list):
         raise InvalidField("the pagination cursor is malformed")
     return parts
+
+
+# --- errors both backends word the same way ------------------------------------------------
+
+IN_USE_SHOWN_MAX: Final = 5
+"""How many schedule ids a refused task-type delete names."""
+
+
+def unknown_task_types(names: list[str]) -> InvalidField:
+    """The error for schedules naming task types that do not exist (``names`` sorted)."""
+    if len(names) == 1:
+        return InvalidField(
+            f"unknown task type {names[0]!r}; create it with "
+            f"`carillon task-type set {names[0]} --kind ...`"
+        )
+    shown = ", ".join(repr(name) for name in names)
+    return InvalidField(
+        f"unknown task types {shown}; create each with `carillon task-type set NAME --kind ...`"
+    )
+
+
+def task_type_in_use(name: str, count: int, schedule_ids: list[str]) -> InvalidField:
+    """The error for deleting a task type that ``count`` live schedules still name
+    (``schedule_ids``: the first few, by id)."""
+    shown = ", ".join(schedule_ids[:IN_USE_SHOWN_MAX])
+    more = f" and {count - IN_USE_SHOWN_MAX} more" if count > IN_USE_SHOWN_MAX else ""
+    noun = "schedule" if count == 1 else "schedules"
+    return InvalidField(
+        f"task type {name!r} is still used by {count} {noun} ({shown}{more}); delete them or "
+        "move them to another task type first"
+    )

@@ -27,6 +27,7 @@ Invariants
 * ``attempt_expires_at`` is set exactly while an execution is ``running``; ``finished_at``
   exactly while it is terminal.
 * Terminal executions never change again, except a dead letter that is replayed.
+* Every live schedule names a stored task type (deleted schedules need not).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from engine.ledger._memory_tables import (
     ChangeFeed,
     ExecutionTable,
     LeaseTable,
+    VersionedTable,
     as_utc,
     as_utc_or_none,
     by_planned_time,
@@ -89,7 +91,11 @@ from engine.ledger.base import (
     SchedulesDelete,
     SchedulesList,
     SchedulesUpdate,
+    TaskTypesPut,
+    TenantsPut,
     encode_cursor,
+    task_type_in_use,
+    unknown_task_types,
 )
 from engine.model import (
     Execution,
@@ -97,10 +103,14 @@ from engine.model import (
     Lease,
     PlannerCheckpoint,
     Schedule,
+    TaskType,
+    Tenant,
     check_payload_size,
     execution_id,
     parse_execution_id,
     validate_identifier,
+    validate_task_type,
+    validate_tenant,
 )
 
 REGION_EPOCH_INITIAL = 1
@@ -137,6 +147,10 @@ class MemoryLedger:
         self._nodes: dict[str, NodeInfo] = {}
         self._checkpoints: dict[int, datetime] = {}
         self._executions = ExecutionTable()
+        self._task_types = VersionedTable[TaskType]("task type")
+        self._tenants = VersionedTable[Tenant](
+            "tenant", absent="has no stored settings (it has the defaults)"
+        )
 
     def _now(self) -> datetime:
         now = self._clock.now()
@@ -174,6 +188,7 @@ class MemoryLedger:
         repeated = sorted(key for key, count in Counter(ids).items() if count > 1)
         if repeated:
             raise InvalidField(f"schedule id(s) {repeated} appear more than once in the batch")
+        self._require_task_types(checked)
         existing = sorted(key for key in ids if key in self._schedules)
         if existing:
             raise AlreadyExists(f"schedule(s) {existing} exist already", ids=tuple(existing))
@@ -195,6 +210,7 @@ class MemoryLedger:
     async def schedules_update(self, params: SchedulesUpdate) -> Schedule:
         await trio.lowlevel.checkpoint()
         replacement = self._checked_schedule(params.schedule)
+        self._require_task_types([replacement])
         current = self._live_schedule(replacement.schedule_id)
         if current.version != params.expected_version:
             raise VersionConflict(
@@ -279,6 +295,51 @@ class MemoryLedger:
     def _record_change(self, schedule: Schedule, kind: ChangeKind) -> None:
         partition = self._partition(schedule.schedule_id)
         self._feed.append(schedule.schedule_id, partition, kind, schedule.version)
+
+    def _require_task_types(self, schedules: list[Schedule]) -> None:
+        unknown = sorted({s.task_type for s in schedules if s.task_type not in self._task_types})
+        if unknown:
+            raise unknown_task_types(unknown)
+
+    # task types and tenants ----------------------------------------------------------------
+
+    async def task_types_put(self, params: TaskTypesPut) -> TaskType:
+        await trio.lowlevel.checkpoint()
+        task_type = validate_task_type(params.task_type)
+        # Stored as a JSON round trip, as Postgres stores it: later changes to the caller's
+        # dict cannot reach the ledger, and what is read back is what JSON can carry.
+        settings = msgspec.json.decode(msgspec.json.encode(task_type.settings))
+        task_type = msgspec.structs.replace(task_type, settings=settings)
+        return self._task_types.put(task_type.name, task_type, params.expected_version, self._now())
+
+    async def task_types_get(self, name: str) -> TaskType:
+        await trio.lowlevel.checkpoint()
+        return self._task_types.get(name)
+
+    async def task_types_list(self) -> list[TaskType]:
+        await trio.lowlevel.checkpoint()
+        return self._task_types.rows()
+
+    async def task_types_delete(self, name: str) -> TaskType:
+        await trio.lowlevel.checkpoint()
+        self._task_types.get(name)
+        users = sorted(key for key, s in self._schedules.items() if s.task_type == name)
+        if users:
+            raise task_type_in_use(name, len(users), users)
+        return self._task_types.delete(name)
+
+    async def tenants_put(self, params: TenantsPut) -> Tenant:
+        await trio.lowlevel.checkpoint()
+        tenant = validate_tenant(params.tenant)
+        return self._tenants.put(tenant.tenant_id, tenant, params.expected_version, self._now())
+
+    async def tenants_get(self, tenant_id: str) -> Tenant:
+        await trio.lowlevel.checkpoint()
+        return self._tenants.get(tenant_id)
+
+    async def tenants_list(self) -> list[Tenant]:
+        await trio.lowlevel.checkpoint()
+        return self._tenants.rows()
 
     # leases and membership -------------------------------------------------------------------
 

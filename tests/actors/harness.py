@@ -24,6 +24,7 @@ from engine.ledger.memory import MemoryLedger
 from engine.model import Execution, Schedule
 from engine.node import Node
 from engine.testing import SkewedClock
+from tests.ledger.backends import put_noop_task_type
 
 START = datetime(2026, 3, 2, 0, 0, 30, tzinfo=UTC)
 PARTITIONS = 16
@@ -172,6 +173,7 @@ def make_schedules(
 
 
 async def create(ledger: MemoryLedger, schedules: list[Schedule]) -> None:
+    await put_noop_task_type(ledger)
     for n in range(0, len(schedules), 1000):
         await ledger.schedules_create(SchedulesCreate(schedules[n : n + 1000]))
 

@@ -16,7 +16,7 @@ from engine.ledger.base import ExecutionsQuery, SchedulesCreate
 from engine.ledger.postgres import open_postgres_ledger
 from engine.model import Schedule
 from engine.node import Node
-from tests.ledger.backends import postgres_template_database
+from tests.ledger.backends import postgres_template_database, put_noop_task_type
 
 pytestmark = pytest.mark.postgres
 
@@ -57,6 +57,7 @@ async def test_two_nodes_on_postgres_plan_each_fire_once_across_a_graceful_leave
             )
             for n in range(60)
         ]
+        await put_noop_task_type(ledger)
         await ledger.schedules_create(SchedulesCreate(schedules))
         async with open_postgres_ledger(url) as ledger_a, open_postgres_ledger(url) as ledger_b:
             a = Node(node_config("pg-a"), ledger_a, clock, random.Random(1))

@@ -23,7 +23,7 @@ from engine.ledger.base import (
 from engine.ledger.memory import MemoryLedger
 from engine.model import ExecutionStatus, Schedule, execution_id
 from engine.testing import ManualClock
-from tests.ledger.backends import START
+from tests.ledger.backends import START, put_noop_task_type
 from tests.ledger.test_contract import ids_in_partition
 
 
@@ -31,6 +31,7 @@ async def test_retention_removes_old_finished_executions_in_bounded_batches() ->
     clock = ManualClock(START)
     ledger = MemoryLedger(clock=clock, partition_count=8)
     sids = ids_in_partition(3, 12)
+    await put_noop_task_type(ledger)
     await ledger.schedules_create(
         SchedulesCreate(
             [

@@ -4,6 +4,9 @@
 * ``postgres``: :class:`PostgresLedger` on a fresh database cloned from a migrated template
   (``CREATE DATABASE ... TEMPLATE``), dropped after the test; ``advance`` really waits, since
   Postgres judges expiry by its own ``now()``.
+
+Both start with the task type :data:`NOOP` stored, since schedules may only name existing
+task types.
 """
 
 from __future__ import annotations
@@ -18,12 +21,20 @@ from urllib.parse import urlsplit
 
 import trio
 
-from engine.ledger.base import Ledger
+from engine.ledger.base import Ledger, TaskTypesPut
 from engine.ledger.database import url_with_database as with_database
+from engine.model import HandlerKind, TaskType
 from engine.testing import ManualClock
 
 PARTITIONS = 8
 START = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+NOOP = TaskType(name="noop", kind=HandlerKind.NOOP)
+"""The task type the suites' schedules name."""
+
+
+async def put_noop_task_type(ledger: Ledger) -> None:
+    """Store :data:`NOOP` (again): needed before creating schedules of task type ``noop``."""
+    await ledger.task_types_put(TaskTypesPut(NOOP))
 
 
 @dataclass
@@ -46,7 +57,9 @@ async def memory_backend() -> AsyncIterator[Backend]:
     from engine.ledger.memory import MemoryLedger
 
     clock = ManualClock(START)
-    yield Backend("memory", MemoryLedger(clock=clock, partition_count=PARTITIONS), clock)
+    ledger = MemoryLedger(clock=clock, partition_count=PARTITIONS)
+    await put_noop_task_type(ledger)
+    yield Backend("memory", ledger, clock)
 
 
 async def _admin(url: str, *statements: str) -> None:
@@ -108,4 +121,5 @@ async def postgres_backend(database_url: str, template: str) -> AsyncIterator[Ba
         postgres_template_database(database_url, template) as url,
         open_postgres_ledger(url) as ledger,
     ):
+        await put_noop_task_type(ledger)
         yield Backend("postgres", ledger, None)

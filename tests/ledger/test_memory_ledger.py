@@ -33,9 +33,10 @@ from engine.ledger.base import (
     PlannedExecution,
     ScheduleChangesSince,
     SchedulesCreate,
+    TaskTypesPut,
 )
 from engine.ledger.memory import MemoryLedger
-from engine.model import ExecutionStatus, Schedule, execution_id
+from engine.model import ExecutionStatus, HandlerKind, Schedule, TaskType, execution_id
 from engine.testing import ManualClock, SkewedClock
 
 START = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -44,6 +45,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def schedule(schedule_id: str) -> Schedule:
     return Schedule(schedule_id=schedule_id, tenant_id="acme", cron_expr="* * * * *", task_type="t")
+
+
+async def put_task_type(ledger: MemoryLedger) -> None:
+    """Store the task type ``t`` that :func:`schedule` names."""
+    await ledger.task_types_put(TaskTypesPut(TaskType(name="t", kind=HandlerKind.NOOP)))
 
 
 async def test_it_satisfies_the_ledger_protocol_and_starts_with_free_leases() -> None:
@@ -66,6 +72,7 @@ def test_a_cluster_without_partitions_is_refused() -> None:
 async def test_database_time_and_every_timestamp_come_from_the_injected_clock() -> None:
     clock = ManualClock(START)
     ledger = MemoryLedger(clock=clock, partition_count=1)
+    await put_task_type(ledger)
     assert await ledger.database_now() == START
     clock.advance(5)
     [created] = await ledger.schedules_create(SchedulesCreate([schedule("s")]))
@@ -115,6 +122,7 @@ async def test_naive_instants_are_refused_instead_of_compared() -> None:
 
 async def test_a_call_cancelled_at_its_checkpoint_changes_nothing() -> None:
     ledger = MemoryLedger(clock=ManualClock(START), partition_count=1)
+    await put_task_type(ledger)
     with trio.CancelScope() as scope:
         scope.cancel()
         await ledger.schedules_create(SchedulesCreate([schedule("s")]))
@@ -128,6 +136,7 @@ async def test_a_call_cancelled_at_its_checkpoint_changes_nothing() -> None:
 async def scripted_history(ledger: MemoryLedger, clock: ManualClock) -> bytes:
     """A busy scenario on four partitions; everything it observes, as JSON."""
     observed: list[object] = []
+    await put_task_type(ledger)
     ids = [f"job-{n}" for n in range(40)]
     observed.append(await ledger.schedules_create(SchedulesCreate([schedule(s) for s in ids])))
     leases = await ledger.leases_acquire(LeasesAcquire("node", [3, 1, 2, 0], ttl_s=600))
@@ -226,6 +235,7 @@ async def test_change_wait_wakes_every_waiter_when_a_change_commits(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     ledger = MemoryLedger(clock=ManualClock(START), partition_count=1)
+    await put_task_type(ledger)
     woke: list[tuple[bool, float]] = []
 
     async def waiter() -> None:

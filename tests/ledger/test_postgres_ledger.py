@@ -41,6 +41,7 @@ from engine.ledger.bridge import DatabaseBridge
 from engine.ledger.database import url_with_database
 from engine.ledger.postgres import PostgresLedger, migrate_database, open_postgres_ledger
 from engine.model import ExecutionStatus, Schedule, execution_id
+from tests.ledger.backends import put_noop_task_type
 
 pytestmark = pytest.mark.postgres
 
@@ -73,6 +74,8 @@ async def url(database_url: str) -> AsyncIterator[str]:
     try:
         migrated = url_with_database(database_url, name)
         await migrate_database(migrated, partitions=PARTITIONS)
+        async with open_postgres_ledger(migrated) as ledger:
+            await put_noop_task_type(ledger)
         yield migrated
     finally:
         with trio.CancelScope(shield=True):

@@ -5,7 +5,8 @@ Layout (SQL lives only in :mod:`.sql` and ``migrations/*.sql``)::
     ledger.py      PostgresLedger + open_postgres_ledger: the trio face, one hop per method
     schedules.py   schedule operations and the change feed       ┐ asyncio coroutines run on
     executions.py  planning, claiming, completing, querying      │ the bridge's loop, one
-    cluster.py     settings, leases, membership, checkpoints     ┘ transaction each
+    cluster.py     settings, leases, membership, checkpoints     │ transaction each
+    catalog.py     task types and tenants (dispatch settings)    ┘
     fencing.py     the fence check opening every fenced transaction
     listener.py    LISTEN on a dedicated connection for schedule_changes_wait
     store.py       the pool, error translation and conflict retries around each operation

@@ -13,6 +13,9 @@ Design
   (:mod:`~engine.ledger.postgres.fencing`). A failed fence raises ``LeaseLost`` before any
   write, and the held share locks make a takeover wait until the transaction ends.
 * **Atomicity**: one transaction per method; batches are single statements over arrays.
+* **Task types** must exist for every live schedule naming them: checked under a key-share
+  lock by schedule writers, and backed by a foreign key (:mod:`~engine.ledger.postgres.
+  catalog`).
 * **Change order**: schedule writers serialize on a transaction advisory lock just before
   drawing their ``seq``, so the feed's order is commit order, and NOTIFY in the same
   transaction (:mod:`~engine.ledger.postgres.schedules`); waiters LISTEN on a dedicated
@@ -59,14 +62,16 @@ from engine.ledger.base import (
     SchedulesDelete,
     SchedulesList,
     SchedulesUpdate,
+    TaskTypesPut,
+    TenantsPut,
 )
 from engine.ledger.bridge import DatabaseBridge, open_bridge
-from engine.ledger.postgres import cluster, executions, schedules, sql
+from engine.ledger.postgres import catalog, cluster, executions, schedules, sql
 from engine.ledger.postgres.connection import connect, create_pool, translate_errors
 from engine.ledger.postgres.listener import ChangeListener
 from engine.ledger.postgres.migrate import latest_version
 from engine.ledger.postgres.store import CONTROL_POOL_SIZE, Store
-from engine.model import Execution, Lease, PlannerCheckpoint, Schedule
+from engine.model import Execution, Lease, PlannerCheckpoint, Schedule, TaskType, Tenant
 
 if TYPE_CHECKING:
     from engine.ledger.base import Ledger
@@ -138,6 +143,29 @@ class PostgresLedger:
         if not timeout_s >= 0:
             raise InvalidField(f"timeout_s must be zero or more seconds, got {timeout_s}")
         return await self._bridge.call(self._listener.wait, after_seq, timeout_s)
+
+    # task types and tenants ------------------------------------------------------------------
+
+    async def task_types_put(self, params: TaskTypesPut) -> TaskType:
+        return await self._run(catalog.task_types_put, params)
+
+    async def task_types_get(self, name: str) -> TaskType:
+        return await self._run(catalog.task_types_get, name)
+
+    async def task_types_list(self) -> list[TaskType]:
+        return await self._run(catalog.task_types_list, None)
+
+    async def task_types_delete(self, name: str) -> TaskType:
+        return await self._run(catalog.task_types_delete, name)
+
+    async def tenants_put(self, params: TenantsPut) -> Tenant:
+        return await self._run(catalog.tenants_put, params)
+
+    async def tenants_get(self, tenant_id: str) -> Tenant:
+        return await self._run(catalog.tenants_get, tenant_id)
+
+    async def tenants_list(self) -> list[Tenant]:
+        return await self._run(catalog.tenants_list, None)
 
     # leases and membership -------------------------------------------------------------------
 

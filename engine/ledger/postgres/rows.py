@@ -20,10 +20,13 @@ from engine.model import (
     CatchUpPolicy,
     Execution,
     ExecutionStatus,
+    HandlerKind,
     Lease,
     OverlapPolicy,
     PlannerCheckpoint,
     Schedule,
+    TaskType,
+    Tenant,
 )
 
 Row = Mapping[str, Any]
@@ -119,6 +122,36 @@ def change_from_row(row: Row) -> ScheduleChange:
         schedule_id=row["schedule_id"],
         partition_id=row["partition_id"],
         kind=ChangeKind(row["kind"]),
+        version=row["version"],
+    )
+
+
+def task_type_from_row(row: Row) -> TaskType:
+    overlap = row["overlap"]
+    return TaskType(
+        name=row["name"],
+        kind=HandlerKind(row["kind"]),
+        settings=row["settings"],
+        timeout_s=row["timeout_s"],
+        max_concurrency=row["max_concurrency"],
+        max_concurrency_cluster=row["max_concurrency_cluster"],
+        max_attempts=row["max_attempts"],
+        backoff_base_s=row["backoff_base_s"],
+        backoff_max_s=row["backoff_max_s"],
+        overlap=None if overlap is None else OverlapPolicy(overlap),
+        updated_at=row["updated_at"],
+        version=row["version"],
+    )
+
+
+def tenant_from_row(row: Row) -> Tenant:
+    return Tenant(
+        tenant_id=row["tenant_id"],
+        weight=row["weight"],
+        concurrency_quota=row["concurrency_quota"],
+        rate_per_s=row["rate_per_s"],
+        burst=row["burst"],
+        updated_at=row["updated_at"],
         version=row["version"],
     )
 

@@ -5,6 +5,10 @@ advisory lock, append its changes, NOTIFY (:func:`_append_changes`). The lock is
 commit, so the next writer draws its ``seq`` only once this commit is visible: ``seq``
 order is commit order, and a reader may keep the last ``seq`` it saw as a watermark.
 Taking the lock last keeps the serialized section to one statement plus the commit.
+
+Every create or update first key-share-locks the task types its schedules name
+(:func:`_lock_task_types`): an unknown one is refused by name, and a known one cannot be
+deleted until this transaction ends.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from engine.ledger.base import (
     SchedulesUpdate,
     decode_cursor,
     encode_cursor,
+    unknown_task_types,
 )
 from engine.ledger.postgres import sql
 from engine.ledger.postgres.rows import (
@@ -54,6 +59,7 @@ async def schedules_create(store: Store, params: SchedulesCreate) -> list[Schedu
         return []
     partitions = [partition_of(i, store.partition_count) for i in ids]
     async with store.transaction() as connection:
+        await _lock_task_types(connection, schedules)
         existing = await connection.fetch(sql.SCHEDULES_LIVE_IDS, ids)
         if existing:
             _raise_exists([row["schedule_id"] for row in existing])
@@ -71,6 +77,7 @@ async def schedules_update(store: Store, params: SchedulesUpdate) -> Schedule:
     schedule = params.schedule
     _check_schedule(schedule)
     async with store.transaction() as connection:
+        await _lock_task_types(connection, [schedule])
         row = await connection.fetchrow(
             sql.SCHEDULE_UPDATE,
             schedule.schedule_id,
@@ -182,6 +189,16 @@ async def _append_changes(
     await connection.fetchrow(
         sql.CHANGES_APPEND, schedule_ids, partition_ids, [str(k) for k in kinds], versions
     )
+
+
+async def _lock_task_types(connection: asyncpg.Connection, schedules: list[Schedule]) -> None:
+    """Key-share-lock the task types the schedules name; ``InvalidField`` naming any that
+    does not exist."""
+    names = sorted({schedule.task_type for schedule in schedules})
+    found = {row["name"] for row in await connection.fetch(sql.TASK_TYPES_LOCK, names)}
+    unknown = [name for name in names if name not in found]
+    if unknown:
+        raise unknown_task_types(unknown)
 
 
 def _check_schedule(schedule: Schedule) -> None:

@@ -42,6 +42,13 @@ EXECUTION_COLUMNS: Final = (
     "fencing_token, partition_id, attempt_expires_at"
 )
 LEASE_COLUMNS: Final = "partition_id, owner_id, fencing_token, expires_at"
+TASK_TYPE_COLUMNS: Final = (
+    "name, kind, settings, timeout_s, max_concurrency, max_concurrency_cluster, max_attempts, "
+    "backoff_base_s, backoff_max_s, overlap, updated_at, version"
+)
+TENANT_COLUMNS: Final = (
+    "tenant_id, weight, concurrency_quota, rate_per_s, burst, updated_at, version"
+)
 NODE_COLUMNS: Final = "node_id, region, started_at, last_seen_at, expires_at"
 
 
@@ -70,6 +77,82 @@ FOR SHARE OF l
 """
 """The fences that hold, each lease row share-locked until commit: a concurrent takeover
 (an UPDATE of the row) waits for this transaction, so the fence holds for all of it."""
+
+# --- task types and tenants -------------------------------------------------------------
+#
+# A live schedule's task type must exist: schedules.live_task_type references task_types
+# (migrations/0001_initial.sql). Schedule writers first key-share-lock the task types they
+# name (TASK_TYPES_LOCK, the lock the foreign key itself takes), so that a missing one is
+# reported by name; a delete locks its row for update and only then counts the schedules
+# using it (TASK_TYPE_USERS), so a create either commits first and is counted, or waits and
+# finds the task type gone. Replacing a task type's fields takes a no-key lock, which does
+# not conflict with schedule writers.
+
+TASK_TYPES_LOCK: Final = """
+SELECT name FROM task_types WHERE name = ANY($1::text[]) ORDER BY name FOR KEY SHARE
+"""
+
+TASK_TYPE_PUT: Final = f"""
+WITH current AS (SELECT version FROM task_types WHERE name = $1 FOR NO KEY UPDATE)
+INSERT INTO task_types AS t (
+    name, kind, settings, timeout_s, max_concurrency, max_concurrency_cluster, max_attempts,
+    backoff_base_s, backoff_max_s, overlap, updated_at, version)
+SELECT $1::text, $2::text, $3::jsonb, $4::double precision, $5::integer, $6::integer,
+       $7::integer, $8::double precision, $9::double precision, $10::text, now(), 1
+WHERE $11::bigint IS NULL OR $11::bigint = coalesce((SELECT version FROM current), 0)
+ON CONFLICT (name) DO UPDATE SET
+    kind = EXCLUDED.kind, settings = EXCLUDED.settings, timeout_s = EXCLUDED.timeout_s,
+    max_concurrency = EXCLUDED.max_concurrency,
+    max_concurrency_cluster = EXCLUDED.max_concurrency_cluster,
+    max_attempts = EXCLUDED.max_attempts, backoff_base_s = EXCLUDED.backoff_base_s,
+    backoff_max_s = EXCLUDED.backoff_max_s, overlap = EXCLUDED.overlap,
+    updated_at = now(), version = t.version + 1
+WHERE $11::bigint IS NULL OR t.version = $11::bigint
+RETURNING {_prefixed(TASK_TYPE_COLUMNS, "t")}
+"""
+"""Create or replace, optimistically. Without an expected version (``$11`` NULL) the row is
+inserted or replaced. With one, a row is proposed only if it matches the locked current
+version (0 when absent), and replaced only if it still does; otherwise nothing is returned.
+The no-key lock leaves schedule writers' key-share locks alone; concurrent creates of one
+name meet on the key, and the second then replaces (or, expecting 0, returns nothing)."""
+
+TASK_TYPE_VERSION: Final = "SELECT version FROM task_types WHERE name = $1"
+
+TASK_TYPE_GET: Final = f"SELECT {TASK_TYPE_COLUMNS} FROM task_types WHERE name = $1"
+
+TASK_TYPES_LIST: Final = f"SELECT {TASK_TYPE_COLUMNS} FROM task_types ORDER BY name"
+
+TASK_TYPE_LOCK_FOR_DELETE: Final = "SELECT name FROM task_types WHERE name = $1 FOR UPDATE"
+
+TASK_TYPE_USERS: Final = """
+SELECT schedule_id, count(*) OVER () AS total FROM schedules
+WHERE task_type = $1 AND deleted_at IS NULL ORDER BY schedule_id LIMIT $2
+"""
+"""The first live schedules naming a task type, each row with how many there are in all (a
+scan: deleting a task type is rare, and an index would slow every planner advance)."""
+
+TASK_TYPE_DELETE: Final = f"DELETE FROM task_types WHERE name = $1 RETURNING {TASK_TYPE_COLUMNS}"
+
+TENANT_PUT: Final = f"""
+WITH current AS (SELECT version FROM tenants WHERE tenant_id = $1 FOR NO KEY UPDATE)
+INSERT INTO tenants AS t (
+    tenant_id, weight, concurrency_quota, rate_per_s, burst, updated_at, version)
+SELECT $1::text, $2::integer, $3::integer, $4::double precision, $5::integer, now(), 1
+WHERE $6::bigint IS NULL OR $6::bigint = coalesce((SELECT version FROM current), 0)
+ON CONFLICT (tenant_id) DO UPDATE SET
+    weight = EXCLUDED.weight, concurrency_quota = EXCLUDED.concurrency_quota,
+    rate_per_s = EXCLUDED.rate_per_s, burst = EXCLUDED.burst,
+    updated_at = now(), version = t.version + 1
+WHERE $6::bigint IS NULL OR t.version = $6::bigint
+RETURNING {_prefixed(TENANT_COLUMNS, "t")}
+"""
+"""As :data:`TASK_TYPE_PUT`, with the expected version in ``$6``."""
+
+TENANT_VERSION: Final = "SELECT version FROM tenants WHERE tenant_id = $1"
+
+TENANT_GET: Final = f"SELECT {TENANT_COLUMNS} FROM tenants WHERE tenant_id = $1"
+
+TENANTS_LIST: Final = f"SELECT {TENANT_COLUMNS} FROM tenants ORDER BY tenant_id"
 
 # --- schedules --------------------------------------------------------------------------
 

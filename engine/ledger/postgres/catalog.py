@@ -1,0 +1,117 @@
+"""The catalog: task types and tenants, the settings dispatch reads (asyncio side).
+
+Both are small tables of operator-managed rows, written with optimistic versions: a put is
+one upsert statement that applies only at the expected version (see ``sql.TASK_TYPE_PUT``).
+A task type cannot be deleted while a live schedule names it; the lock order that makes the
+check race-free with concurrent schedule writers is explained in :mod:`~engine.ledger.
+postgres.sql` (task types and tenants), and a foreign key backs it in the schema.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+import asyncpg
+
+from engine.errors import InvalidField, NotFound, VersionConflict
+from engine.ledger.base import IN_USE_SHOWN_MAX, TaskTypesPut, TenantsPut, task_type_in_use
+from engine.ledger.postgres import sql
+from engine.ledger.postgres.rows import task_type_from_row, tenant_from_row
+from engine.ledger.postgres.store import Store
+from engine.model import TaskType, Tenant, validate_task_type, validate_tenant
+
+
+async def task_types_put(store: Store, params: TaskTypesPut) -> TaskType:
+    task_type = validate_task_type(params.task_type)
+    overlap = None if task_type.overlap is None else str(task_type.overlap)
+    async with store.connection() as connection:
+        row = await connection.fetchrow(
+            sql.TASK_TYPE_PUT,
+            task_type.name,
+            str(task_type.kind),
+            task_type.settings,
+            task_type.timeout_s,
+            task_type.max_concurrency,
+            task_type.max_concurrency_cluster,
+            task_type.max_attempts,
+            task_type.backoff_base_s,
+            task_type.backoff_max_s,
+            overlap,
+            params.expected_version,
+        )
+        if row is None:
+            current = await connection.fetchval(sql.TASK_TYPE_VERSION, task_type.name)
+            _raise_conflict("task type", task_type.name, current, params.expected_version)
+    return task_type_from_row(row)
+
+
+async def task_types_get(store: Store, name: str) -> TaskType:
+    async with store.connection() as connection:
+        row = await connection.fetchrow(sql.TASK_TYPE_GET, name)
+    if row is None:
+        raise NotFound(f"task type {name!r} does not exist")
+    return task_type_from_row(row)
+
+
+async def task_types_list(store: Store, _: None) -> list[TaskType]:
+    async with store.connection() as connection:
+        rows = await connection.fetch(sql.TASK_TYPES_LIST)
+    return [task_type_from_row(row) for row in rows]
+
+
+async def task_types_delete(store: Store, name: str) -> TaskType:
+    async with store.transaction() as connection:
+        if await connection.fetchval(sql.TASK_TYPE_LOCK_FOR_DELETE, name) is None:
+            raise NotFound(f"task type {name!r} does not exist")
+        # A later statement than the lock: it sees every schedule committed while we waited.
+        users = await connection.fetch(sql.TASK_TYPE_USERS, name, IN_USE_SHOWN_MAX)
+        if users:
+            ids = [row["schedule_id"] for row in users]
+            raise task_type_in_use(name, users[0]["total"], ids)
+        try:
+            row = await connection.fetchrow(sql.TASK_TYPE_DELETE, name)
+        except asyncpg.ForeignKeyViolationError:  # pragma: no cover - the lock rules it out
+            raise InvalidField(
+                f"task type {name!r} is still used by a live schedule; delete it or move it "
+                "to another task type first"
+            ) from None
+    return task_type_from_row(row)
+
+
+async def tenants_put(store: Store, params: TenantsPut) -> Tenant:
+    tenant = validate_tenant(params.tenant)
+    async with store.connection() as connection:
+        row = await connection.fetchrow(
+            sql.TENANT_PUT,
+            tenant.tenant_id,
+            tenant.weight,
+            tenant.concurrency_quota,
+            tenant.rate_per_s,
+            tenant.burst,
+            params.expected_version,
+        )
+        if row is None:
+            current = await connection.fetchval(sql.TENANT_VERSION, tenant.tenant_id)
+            _raise_conflict("tenant", tenant.tenant_id, current, params.expected_version)
+    return tenant_from_row(row)
+
+
+async def tenants_get(store: Store, tenant_id: str) -> Tenant:
+    async with store.connection() as connection:
+        row = await connection.fetchrow(sql.TENANT_GET, tenant_id)
+    if row is None:
+        raise NotFound(f"tenant {tenant_id!r} has no stored settings (it has the defaults)")
+    return tenant_from_row(row)
+
+
+async def tenants_list(store: Store, _: None) -> list[Tenant]:
+    async with store.connection() as connection:
+        rows = await connection.fetch(sql.TENANTS_LIST)
+    return [tenant_from_row(row) for row in rows]
+
+
+def _raise_conflict(what: str, key: str, current: Any, expected: int | None) -> NoReturn:
+    state = "does not exist" if current is None else f"is at version {current}"
+    raise VersionConflict(
+        f"{what} {key!r} {state}, not version {expected}; re-read it and apply the change again"
+    )

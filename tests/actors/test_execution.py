@@ -1,0 +1,68 @@
+"""Planned executions run: on time, never early, retried by class, dead-lettered when hopeless."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import msgspec
+import trio
+import trio.testing
+
+from engine.ledger.base import ExecutionsQuery, TaskTypesPut
+from engine.model import ExecutionStatus, HandlerKind, TaskType
+from tests.actors import user_handlers
+from tests.actors.harness import START, all_executions, cluster, create, make_schedules, within
+
+
+async def test_executions_run_at_their_instant_never_early(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    schedules = make_schedules(50, START, lambda n: ("* * * * *", "UTC"))
+    async with cluster() as c:
+        await create(c.ledger, schedules)
+        await c.start_node("n1")
+        await trio.sleep(600)
+    window = within(await all_executions(c.ledger), START, START + timedelta(minutes=9))
+    assert len(window) == 50 * 9
+    assert {e.status for e in window} == {ExecutionStatus.SUCCEEDED}
+    for execution in window:
+        assert execution.started_at is not None
+        delay = execution.started_at - execution.planned_at
+        assert timedelta(0) <= delay < timedelta(seconds=1), execution
+
+
+async def test_transient_failures_retry_with_the_same_key_and_permanent_ones_dead_letter(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    user_handlers.CALLS.clear()
+    async with cluster() as c:
+        for name, function in (("flaky", "flaky_once"), ("bad", "always_bad")):
+            await c.ledger.task_types_put(
+                TaskTypesPut(
+                    TaskType(
+                        name=name,
+                        kind=HandlerKind.PYTHON,
+                        settings={"callable": f"tests.actors.user_handlers:{function}"},
+                    )
+                )
+            )
+        schedules = [
+            msgspec.structs.replace(s, task_type="flaky" if n % 2 else "bad")
+            for n, s in enumerate(make_schedules(4, START, lambda n: ("0 * * * *", "UTC")))
+        ]
+        await create(c.ledger, schedules)
+        await c.start_node("n1")
+        await trio.sleep(3600 + 120)
+        executions = (await c.ledger.executions_query(ExecutionsQuery(limit=100))).items
+    flaky = [e for e in executions if e.task_type == "flaky"]
+    bad = [e for e in executions if e.task_type == "bad"]
+    assert len(flaky) == 2
+    assert len(bad) == 2
+    for execution in flaky:
+        assert execution.status is ExecutionStatus.SUCCEEDED
+        assert execution.attempt == 2
+        assert user_handlers.CALLS[execution.execution_id] == 2  # one key, two deliveries
+    for execution in bad:
+        assert execution.status is ExecutionStatus.DEAD_LETTER
+        assert execution.attempt == 1
+        assert execution.error_code is not None
