@@ -259,6 +259,8 @@ async def test_delete_skips_pending_executions_and_frees_the_id(backend: Backend
         await backend.ledger.schedules_delete(SchedulesDelete(sid))
     [again] = await backend.ledger.schedules_create(SchedulesCreate([schedule(sid)]))
     assert again.version == 2  # versions never repeat across incarnations of an id
+    changes = await backend.ledger.schedule_changes(ScheduleChangesSince(after_seq=0))
+    assert (changes[-1].kind, changes[-1].version) == (ChangeKind.CREATED, 2)
 
 
 async def test_list_filters_and_paginates_in_id_order(backend: Backend) -> None:
@@ -886,6 +888,33 @@ async def test_failed_attempts_retry_after_not_before_then_dead_letter_and_repla
     ]
     # Only dead letters are replayed.
     assert await backend.ledger.dead_letters_replay(DeadLettersReplay([eid])) == []
+
+
+async def test_queries_filter_by_task_type_and_finished_since(backend: Backend) -> None:
+    await backend.ledger.task_types_put(TaskTypesPut(TaskType(name="other", kind=HandlerKind.NOOP)))
+    sids = ids_in_partition(4, 3, prefix="ft")
+    kinds = ["noop", "other", "other"]
+    await backend.ledger.schedules_create(
+        SchedulesCreate([schedule(s, task_type=k) for s, k in zip(sids, kinds, strict=True)])
+    )
+    fence = await own(backend, 4)
+    at = (await backend.ledger.database_now()).replace(microsecond=0) - timedelta(seconds=1)
+    await planned(backend, fence, sids, at)
+    eids = [execution_id(s, at) for s in sids]
+    others = await backend.ledger.executions_query(ExecutionsQuery(task_type="other"))
+    assert [e.execution_id for e in others.items] == sorted(eids[1:])
+    before = await backend.ledger.database_now()
+    [claimed] = await backend.ledger.executions_claim(ExecutionsClaim([fence], [eids[1]], 30, "n"))
+    await backend.ledger.executions_complete(
+        ExecutionsComplete([fence], [Completion(eids[1], claimed.attempt, Outcome.DEAD_LETTER)])
+    )
+    since = await backend.ledger.executions_query(
+        ExecutionsQuery(task_type="other", finished_from=before)
+    )
+    assert [e.execution_id for e in since.items] == [eids[1]]  # unfinished ones never match
+    await backend.advance(0.05)
+    later = await backend.ledger.database_now()
+    assert (await backend.ledger.executions_query(ExecutionsQuery(finished_from=later))).items == []
 
 
 async def test_expired_attempts_are_requeued_and_their_late_completion_is_stale(

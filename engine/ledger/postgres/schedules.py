@@ -68,7 +68,11 @@ async def schedules_create(store: Store, params: SchedulesCreate) -> list[Schedu
         if len(created) < len(ids):  # a concurrent create of the same id committed first
             _raise_exists(sorted(set(ids) - created.keys()))
         await _append_changes(
-            connection, ids, partitions, [ChangeKind.CREATED] * len(ids), [1] * len(ids)
+            connection,
+            ids,
+            partitions,
+            [ChangeKind.CREATED] * len(ids),
+            [created[i].version for i in ids],  # > 1 for a deleted id created again
         )
     return [created[i] for i in ids]
 
