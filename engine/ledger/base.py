@@ -263,6 +263,9 @@ class ExecutionsQuery(msgspec.Struct, frozen=True):
     """Exclusive."""
     cursor: str | None = None
     limit: int = 100
+    task_type: str | None = None
+    finished_from: datetime | None = None
+    """Inclusive; executions not finished (``finished_at`` unset) never match it."""
 
 
 class DeadLettersReplay(msgspec.Struct, frozen=True):

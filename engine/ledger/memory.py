@@ -567,6 +567,7 @@ class MemoryLedger:
         after = None if params.cursor is None else decode_planned_cursor(params.cursor)
         planned_from = as_utc_or_none(params.planned_from, field="planned_from")
         planned_to = as_utc_or_none(params.planned_to, field="planned_to")
+        finished_from = as_utc_or_none(params.finished_from, field="finished_from")
         candidates = (
             self._executions.everything()
             if params.schedule_id is None
@@ -580,6 +581,8 @@ class MemoryLedger:
                 or params.status not in (None, execution.status)
                 or (planned_from is not None and execution.planned_at < planned_from)
                 or (planned_to is not None and execution.planned_at >= planned_to)
+                or params.task_type not in (None, execution.task_type)
+                or (finished_from is not None and not _finished_since(execution, finished_from))
             ):
                 continue
             matching.append(execution)
@@ -644,3 +647,7 @@ class MemoryLedger:
 if TYPE_CHECKING:
     # mypy proves the class still satisfies the whole protocol whenever the contract grows.
     _CONFORMS: type[Ledger] = MemoryLedger
+
+
+def _finished_since(execution: Execution, instant: datetime) -> bool:
+    return execution.finished_at is not None and execution.finished_at >= instant

@@ -244,6 +244,8 @@ async def executions_query(store: Store, params: ExecutionsQuery) -> Page[Execut
             None if params.status is None else str(params.status),
             aware_or_none(params.planned_from, field="planned_from"),
             aware_or_none(params.planned_to, field="planned_to"),
+            params.task_type,
+            aware_or_none(params.finished_from, field="finished_from"),
         )
         if value is not None
     ]
@@ -255,6 +257,8 @@ async def executions_query(store: Store, params: ExecutionsQuery) -> Page[Execut
         status=params.status is not None,
         planned_from=params.planned_from is not None,
         planned_to=params.planned_to is not None,
+        task_type=params.task_type is not None,
+        finished_from=params.finished_from is not None,
         after=after is not None,
     )
     async with store.connection() as connection:

@@ -520,6 +520,8 @@ def executions_query(
     planned_from: bool,
     planned_to: bool,
     after: bool,
+    task_type: bool = False,
+    finished_from: bool = False,
 ) -> str:
     """Executions by (planned_at, id); parameters in order: the filters given, the cursor
     (two parameters: planned_at, id), limit."""
@@ -529,6 +531,8 @@ def executions_query(
         ("status = ${}", status),
         ("planned_at >= ${}", planned_from),
         ("planned_at < ${}", planned_to),
+        ("task_type = ${}", task_type),
+        ("finished_at >= ${}", finished_from),
         ("(planned_at, execution_id) > (${}, ${})", after),
     ]
     where, count = _where([], fragments)
