@@ -39,8 +39,11 @@ fmt: $(STAMP) ## Format and auto-fix lint findings
 	$(BIN)/ruff format engine tests benchmarks simulations
 	$(BIN)/ruff check --fix engine tests benchmarks simulations
 
-run: $(STAMP) ## Migrate the database if needed and start a node (Ctrl-C stops it)
+run: $(STAMP) ## Migrate, add a demo schedule, and start a node (Ctrl-C stops it)
 	$(BIN)/carillon migrate
+	$(BIN)/carillon task-type set demo --kind noop
+	$(BIN)/carillon schedule put demo-every-10s --cron '*/10 * * * * *' --task-type demo
+	@echo "In another shell: .venv/bin/carillon executions --schedule demo-every-10s"
 	$(BIN)/carillon run $(RUN_ARGS)
 
 bench: $(STAMP) ## Run the benchmarks and rewrite docs/benchmarks.md

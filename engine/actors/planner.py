@@ -142,7 +142,12 @@ class Planner:
         async with self._load_slots:  # a few partitions load at a time, not all at once
             await self._retry(self.load, "load")
         task_status.started()
-        log.info("partition %d: planning %d schedules", self.partition_id, len(self._heap))
+        log.log(
+            logging.INFO if len(self._heap) else logging.DEBUG,
+            "partition %d: planning %d schedules",
+            self.partition_id,
+            len(self._heap),
+        )
         while True:
             await self._monitor.wait_planning_allowed()
             await self._retry(self.apply_changes, "apply changes")

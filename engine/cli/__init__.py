@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from engine import __version__
-from engine.cli import migrate, preview, run, task_types, tenants
+from engine.cli import dlq, migrate, preview, run, schedules, task_types, tenants
 from engine.errors import CarillonError, ValidationError
 
 EXIT_OK = 0
@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_parser(commands)
     task_types.add_parser(commands)
     tenants.add_parser(commands)
+    dlq.add_parser(commands)
+    schedules.add_parser(commands)
     return parser
 
 

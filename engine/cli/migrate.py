@@ -15,13 +15,19 @@ from typing import Any
 import trio
 
 from engine.core.instants import format_utc
-from engine.ledger.database import ResolvedDatabase, resolve_database, validate_database_url
+from engine.ledger.database import (
+    APP_DATABASE,
+    ResolvedDatabase,
+    resolve_database,
+    validate_database_url,
+)
 from engine.ledger.postgres.migrate import (
     PARTITIONS_DEFAULT,
     PARTITIONS_MAX,
     MigrationReport,
     MigrationStatus,
     check_partitions,
+    create_database,
     migrate_database,
     read_migration_status,
 )
@@ -62,14 +68,15 @@ def run(args: argparse.Namespace) -> int:
             database = ResolvedDatabase(validate_database_url(args.database_url), "env")
         else:
             database = stack.enter_context(resolve_database())
-        where = f"{database.redacted_url} ({_source(args, database)})"
+        url = database.app_url
+        where = f"{ResolvedDatabase(url, 'env').redacted_url} ({_source(args, database)})"
         if args.status:
-            status = trio.run(read_migration_status, database.url)
+            status = trio.run(read_migration_status, url)
             _print_status(status, where)
         else:
-            report = trio.run(
-                functools.partial(migrate_database, database.url, partitions=args.partitions)
-            )
+            if url != database.url and trio.run(create_database, database.url, APP_DATABASE):
+                print(f"created database {APP_DATABASE!r}")
+            report = trio.run(functools.partial(migrate_database, url, partitions=args.partitions))
             _print_report(report, where)
     return 0
 

@@ -240,7 +240,7 @@ class _Session:
         """Run the node until it is cancelled or fails; True if it failed."""
         try:
             with self.guard, self.node_scope:
-                async with self.open_ledger(self.database.url) as ledger:
+                async with self.open_ledger(self.database.app_url) as ledger:
                     node = self.make_node(self.config, ledger, self.clock, self.rng)
                     async with trio.open_nursery() as nursery:
                         await nursery.start(node.run)
@@ -275,7 +275,7 @@ class _Session:
                 "region": config.region,
                 # "env" means the URL came from the configuration (flag, env var or file).
                 "database": "configured" if source == "env" else source,
-                "database_url": self.database.redacted_url,
+                "database_url": ResolvedDatabase(self.database.app_url, "env").redacted_url,
                 "lease_ttl_s": config.lease_ttl_s,
                 "lookahead_s": config.lookahead_s,
             },

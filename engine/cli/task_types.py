@@ -80,7 +80,7 @@ def run_with_ledger(args: argparse.Namespace, operation: Callable[[Ledger], Awai
         if args.database_url is not None:
             url = validate_database_url(args.database_url)
         else:
-            url = stack.enter_context(resolve_database()).url
+            url = stack.enter_context(resolve_database()).app_url
 
         async def main() -> T:
             async with open_postgres_ledger(url, pool_max=1) as ledger:

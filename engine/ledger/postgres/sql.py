@@ -594,3 +594,5 @@ ON CONFLICT (partition_id) DO NOTHING
 RETURNING partition_id
 """
 """One free lease row per partition (owner NULL, token 0); existing rows are kept."""
+
+DATABASE_EXISTS: Final = "SELECT true FROM pg_database WHERE datname = $1"

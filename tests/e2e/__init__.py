@@ -1,0 +1,1 @@
+"""End-to-end: real nodes on real PostgreSQL, a real HTTP receiver, the real CLI."""
