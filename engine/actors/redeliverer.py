@@ -15,7 +15,8 @@ import msgspec
 import trio
 
 from engine.actors.partitions import PartitionTable
-from engine.errors import LeaseLost, LedgerUnavailable
+from engine.actors.retry import repeat_every
+from engine.errors import LeaseLost
 from engine.ledger.base import ExecutionsRequeueExpired, Ledger
 
 log = logging.getLogger("carillon.redeliverer")
@@ -40,12 +41,7 @@ class Redeliverer:
 
     async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        while True:
-            await trio.sleep(self.config.interval_s)
-            try:
-                await self.step()
-            except LedgerUnavailable as exc:
-                log.warning("redelivery round cut short: %s", exc)
+        await repeat_every(self.config.interval_s, self.step, log=log, what="redelivery round")
 
     async def step(self) -> list[str]:
         """One round; returns the ids put back in the queue."""

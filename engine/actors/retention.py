@@ -19,7 +19,8 @@ import msgspec
 import trio
 
 from engine.actors.partitions import PartitionTable
-from engine.errors import LeaseLost, LedgerUnavailable
+from engine.actors.retry import repeat_every
+from engine.errors import LeaseLost
 from engine.ledger.base import ExecutionsPurge, Ledger
 
 log = logging.getLogger("carillon.retention")
@@ -54,13 +55,16 @@ class RetentionKeeper:
 
     async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        while True:
-            await trio.sleep(self.config.interval_s)
-            try:
-                await self.step()
-            except LedgerUnavailable as exc:
-                self._failures += 1
-                log.warning("retention round cut short: %s", exc)
+        await repeat_every(
+            self.config.interval_s,
+            self.step,
+            log=log,
+            what="retention round",
+            on_failure=self._failed,
+        )
+
+    def _failed(self) -> None:
+        self._failures += 1
 
     async def step(self) -> int:
         """One round over the owned partitions; returns how many rows were removed."""

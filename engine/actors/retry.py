@@ -38,3 +38,21 @@ async def retry_unavailable(
             log.warning("%s: ledger unavailable (%s); retrying in %.1f s", what, exc, delay)
             attempt += 1
             await trio.sleep(delay)
+
+
+async def repeat_every(
+    interval_s: float,
+    step: Callable[[], Awaitable[object]],
+    *,
+    log: logging.Logger,
+    what: str,
+    on_failure: Callable[[], None] = lambda: None,
+) -> None:
+    """Run ``step`` every ``interval_s`` forever; an unavailable ledger skips one round."""
+    while True:
+        await trio.sleep(interval_s)
+        try:
+            await step()
+        except LedgerUnavailable as exc:
+            on_failure()
+            log.warning("%s cut short: %s", what, exc)
