@@ -82,7 +82,11 @@ class CatchUpPolicy(enum.StrEnum):
 
 
 class OverlapPolicy(enum.StrEnum):
-    """What happens when a fire is due while the schedule's previous run is still going."""
+    """What happens when a fire is due while the schedule's previous run is still going.
+
+    A schedule's own policy wins; a schedule without one (``None``) takes its task type's
+    default, and without that too it is ``allow`` (:func:`overlap_policy`).
+    """
 
     ALLOW = "allow"
     """Run it concurrently (the default)."""
@@ -170,7 +174,8 @@ class Schedule(msgspec.Struct, frozen=True, kw_only=True):
     catch_up_window_s: float = CATCH_UP_WINDOW_S_DEFAULT
     dst_gap: DstGap = DstGap.AUTO
     dst_overlap: DstOverlap = DstOverlap.AUTO
-    overlap: OverlapPolicy = OverlapPolicy.ALLOW
+    overlap: OverlapPolicy | None = None
+    """``None``: the task type's default (:attr:`TaskType.overlap`), else ``allow``."""
 
 
 class Execution(msgspec.Struct, frozen=True, kw_only=True):
@@ -241,6 +246,16 @@ def parse_execution_id(value: str) -> tuple[str, datetime]:
     return validate_identifier(schedule_id, kind="schedule id"), parse_instant(
         instant, field="execution id instant"
     )
+
+
+def overlap_policy(schedule: Schedule, task_type: TaskType | None) -> OverlapPolicy:
+    """The overlap policy in force for ``schedule``: its own, else its task type's default
+    (``task_type`` may be ``None`` when it cannot be read), else ``allow``."""
+    if schedule.overlap is not None:
+        return schedule.overlap
+    if task_type is not None and task_type.overlap is not None:
+        return task_type.overlap
+    return OverlapPolicy.ALLOW
 
 
 def check_payload_size(payload: dict[str, Any]) -> int:

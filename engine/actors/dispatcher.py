@@ -15,6 +15,19 @@ Two loops share a :class:`~engine.core.fair_queue.FairQueue`:
   running, next attempt, attempt lease), and hands each claimed one to the worker pool, which
   blocks when every worker is busy (backpressure).
 
+Between popping and claiming, each schedule's **overlap policy** (:func:`~engine.model.
+overlap_policy`) is applied. The node that owns a partition starts every execution of its
+schedules, so it counts in memory what it started and has not seen finish, per schedule.
+What it cannot know -- executions left ``running`` by a previous owner after a takeover --
+it asks the ledger once per schedule and lease (the answer "none running" holds for as long
+as the node keeps that lease, since nobody else claims in its partitions). A popped
+execution whose schedule is busy is started anyway (``allow``), recorded as skipped with the
+reason ``overlap`` (``skip``, or ``buffer_one`` with one already buffered) in one fenced
+``executions_skip`` per batch, or held (``buffer_one``): at most one per schedule, counted
+against the queue's bound, put back into the queue -- where it is the schedule's earliest --
+as soon as the schedule's run finishes. Held executions blocked by a previous owner's run are
+re-checked in the ledger every ``fetch_interval_s``.
+
 The attempt lease is the task type's timeout plus a margin, so a live worker never loses its
 attempt and a crashed one's attempt is re-queued by the redeliverer once it has run out.
 An execution claimed by no one (another node got it, or it stopped being startable) is
@@ -23,6 +36,7 @@ simply forgotten; the ledger stays the source of truth.
 
 from __future__ import annotations
 
+import enum
 import functools
 import logging
 import math
@@ -36,14 +50,22 @@ import trio
 from engine.actors.clock_monitor import ClockMonitor
 from engine.actors.partitions import PartitionTable
 from engine.actors.retry import retry_unavailable
-from engine.actors.workers import Work, WorkerPool
+from engine.actors.workers import ScheduleCache, Work, WorkerPool
 from engine.clock import Clock
 from engine.core.dispatch import ConcurrencyLimits
 from engine.core.fair_queue import FairQueue, PushOutcome
 from engine.core.token_bucket import TokenBucket
 from engine.errors import CarillonError, LeaseLost
-from engine.ledger.base import PAGE_SIZE_MAX, ExecutionsClaim, ExecutionsDue, Fence, Ledger
-from engine.model import Execution
+from engine.ledger.base import (
+    PAGE_SIZE_MAX,
+    ExecutionsClaim,
+    ExecutionsDue,
+    ExecutionsQuery,
+    ExecutionsSkip,
+    Fence,
+    Ledger,
+)
+from engine.model import Execution, ExecutionStatus, OverlapPolicy, TaskType, overlap_policy
 
 log = logging.getLogger("carillon.dispatcher")
 
@@ -56,6 +78,19 @@ QUEUE_MAX_DEFAULT: Final = 50_000
 ATTEMPT_LEASE_MARGIN_S: Final = 30.0
 SETTINGS_REFRESH_S: Final = 10.0
 """How often task-type caps and tenant weights and quotas are re-read from the ledger."""
+OVERLAP_ERROR_CODE: Final = "overlap"
+IDLE_VERIFIED_MAX: Final = 100_000
+"""Schedules remembered as having no running execution in the ledger; when full, the memory
+starts over (each is asked again when next seen)."""
+HELD_RECHECK_MAX: Final = 100
+"""Held executions blocked by a previous owner's run re-checked in the ledger per pass."""
+
+
+class OverlapVerdict(enum.StrEnum):
+    START = "start"
+    HOLD = "hold"
+    """``buffer_one``: wait until the schedule's run finishes."""
+    SKIP = "skip"
 
 
 class DispatcherConfig(msgspec.Struct, frozen=True):
@@ -75,6 +110,11 @@ class DispatcherStatistics(msgspec.Struct, frozen=True):
     claimed: int
     not_claimed: int
     fetches: int
+    overlap_skipped: int = 0
+    overlap_held: int = 0
+    """Held now (``buffer_one``), waiting for their schedule's run to finish."""
+    overlap_deferred: int = 0
+    """Left in the ledger because their schedule could not be read (retried on a later fetch)."""
 
 
 class Dispatcher:
@@ -107,8 +147,24 @@ class Dispatcher:
         )
         self._wake = trio.Event()
         self._fetched = trio.Event()
-        self._counts = {"claimed": 0, "not_claimed": 0, "fetches": 0}
+        self._counts = {
+            "claimed": 0,
+            "not_claimed": 0,
+            "fetches": 0,
+            "overlap_skipped": 0,
+            "overlap_deferred": 0,
+        }
         self._settings_due = -math.inf
+        self._recheck_due = -math.inf
+        self._schedules: ScheduleCache = workers.schedules
+        self._task_types: dict[str, TaskType] = {}
+        self._running: dict[str, int] = {}
+        """Executions started by this node and not finished yet, per schedule id."""
+        self._idle_verified: dict[str, int] = {}
+        """Schedule id -> the fencing token under which the ledger had none of it running."""
+        self._held: dict[str, Execution] = {}
+        """``buffer_one``: the one execution per schedule waiting for its run to finish."""
+        self._dispatching: set[str] = set()
         self._fetch_at: datetime | None = None
 
     def request_fetch(self, at: datetime) -> None:
@@ -118,8 +174,10 @@ class Dispatcher:
             self._wake.set()
 
     def finished(self, execution: Execution) -> None:
-        """A worker is done with ``execution``: free its slot for the next one."""
+        """A worker is done with ``execution``: free its slot for the next one, and release
+        the execution its schedule holds back (``buffer_one``), if any."""
         self._limits.finished(execution.tenant_id, execution.task_type)
+        self._started_done(execution.schedule_id)
         self._fetched.set()
         self._fetched = trio.Event()
 
@@ -131,17 +189,32 @@ class Dispatcher:
 
     def statistics(self) -> DispatcherStatistics:
         c = self._counts
-        return DispatcherStatistics(len(self.queue), c["claimed"], c["not_claimed"], c["fetches"])
+        return DispatcherStatistics(
+            len(self.queue),
+            c["claimed"],
+            c["not_claimed"],
+            c["fetches"],
+            overlap_skipped=c["overlap_skipped"],
+            overlap_held=len(self._held),
+            overlap_deferred=c["overlap_deferred"],
+        )
 
     async def fetch(self) -> int:
         """Queue the startable executions of the owned partitions; returns how many were new."""
         owned = list(self._table)
-        if not owned or self.queue.room == 0:
+        room = self.queue.room - len(self._held)  # held ones count against the bound too
+        if not owned or room <= 0:
             return 0
         due = await self._ledger.executions_due(
-            ExecutionsDue(owned, self._monitor.now(), min(PAGE_SIZE_MAX, self.queue.room))
+            ExecutionsDue(owned, self._monitor.now(), min(PAGE_SIZE_MAX, room))
         )
-        added = sum(1 for execution in due if self.queue.push(execution) is PushOutcome.QUEUED)
+        added = sum(
+            1
+            for execution in due
+            if execution.execution_id not in self._dispatching
+            and not self._is_held(execution)
+            and self.queue.push(execution) is PushOutcome.QUEUED
+        )
         self._counts["fetches"] += 1
         if added:
             self._fetched.set()
@@ -149,7 +222,8 @@ class Dispatcher:
         return added
 
     async def dispatch(self) -> int:
-        """Pop what may start now, claim it, hand it to the workers; returns how many started."""
+        """Pop what may start now, apply the overlap policies, claim what may start and hand
+        it to the workers; returns how many it started, held or skipped."""
         batch: list[Execution] = []
         now_mono = self._clock.monotonic()
         while len(batch) < self.config.claim_batch:
@@ -163,10 +237,17 @@ class Dispatcher:
             batch.append(execution)
         if not batch:
             return 0
-        claimed = await self._claim(batch)
+        # Popped but still in the ledger as startable: a fetch meanwhile must not queue them
+        # again (a second copy would meet its own hold or run as an overlap).
+        self._dispatching = {execution.execution_id for execution in batch}
+        try:
+            admitted, settled = await self._admit(batch)
+            claimed = await self._claim(admitted) if admitted else []
+        finally:
+            self._dispatching = set()
         for execution in claimed:
             await self._workers.submit(Work(execution, execution.partition_id or 0))
-        return len(claimed)
+        return len(claimed) + settled
 
     async def _claim(self, batch: list[Execution]) -> list[Execution]:
         by_id = {execution.execution_id: execution for execution in batch}
@@ -201,9 +282,153 @@ class Dispatcher:
         for execution_id, execution in by_id.items():
             if execution_id not in started:
                 self._limits.finished(execution.tenant_id, execution.task_type)
+                self._started_done(execution.schedule_id)
         self._counts["claimed"] += len(started)
         self._counts["not_claimed"] += len(by_id) - len(started)
         return claimed
+
+    # -- overlap ------------------------------------------------------------------------------
+
+    async def _admit(self, batch: list[Execution]) -> tuple[list[Execution], int]:
+        """The popped executions that may start (counted as running for their schedule), and
+        how many others were held or skipped. Those not started give their slot back."""
+        admitted: list[Execution] = []
+        skipped: list[Execution] = []
+        settled = 0
+        await self._schedules.prefetch([execution.schedule_id for execution in batch])
+        for execution in batch:
+            try:
+                verdict = await self._overlap_verdict(execution)
+            except CarillonError as exc:
+                # Cannot tell whether it may start: leave it queued in the ledger for a
+                # later fetch rather than risk an overlap the policy forbids.
+                log.warning("overlap check of %s failed: %s", execution.execution_id, exc)
+                self._counts["overlap_deferred"] += 1
+                self._limits.finished(execution.tenant_id, execution.task_type)
+                continue
+            if verdict is OverlapVerdict.START:
+                self._running[execution.schedule_id] = (
+                    self._running.get(execution.schedule_id, 0) + 1
+                )
+                admitted.append(execution)
+                continue
+            self._limits.finished(execution.tenant_id, execution.task_type)
+            settled += 1
+            if verdict is OverlapVerdict.HOLD:
+                self._held[execution.schedule_id] = execution
+            else:
+                skipped.append(execution)
+        if skipped:
+            await self._skip(skipped)
+        return admitted, settled
+
+    async def _overlap_verdict(self, execution: Execution) -> OverlapVerdict:
+        schedule = await self._schedules.get(execution.schedule_id)
+        if schedule is None:
+            return OverlapVerdict.START  # deleted: its pending executions are skipped already
+        policy = overlap_policy(schedule, self._task_types.get(execution.task_type))
+        if policy is OverlapPolicy.ALLOW or not await self._busy(execution):
+            return OverlapVerdict.START
+        if policy is OverlapPolicy.BUFFER_ONE and execution.schedule_id not in self._held:
+            return OverlapVerdict.HOLD
+        return OverlapVerdict.SKIP
+
+    async def _busy(self, execution: Execution) -> bool:
+        """Whether an execution of ``execution``'s schedule is running: started here and not
+        finished, or left running in the ledger by a previous owner of the partition."""
+        schedule_id = execution.schedule_id
+        if self._running.get(schedule_id, 0) > 0:
+            return True
+        owned = self._table.get(execution.partition_id or 0)
+        token = None if owned is None else owned.fence.fencing_token
+        if token is not None and self._idle_verified.get(schedule_id) == token:
+            return False
+        if await self._running_in_ledger(schedule_id):
+            return True
+        if token is not None:
+            if len(self._idle_verified) >= IDLE_VERIFIED_MAX:
+                self._idle_verified.clear()
+            self._idle_verified[schedule_id] = token
+        return False
+
+    async def _running_in_ledger(self, schedule_id: str) -> bool:
+        page = await self._ledger.executions_query(
+            ExecutionsQuery(schedule_id=schedule_id, status=ExecutionStatus.RUNNING, limit=1)
+        )
+        return bool(page.items)
+
+    async def _skip(self, executions: list[Execution]) -> None:
+        fences: dict[int, Fence] = {}
+        for execution in executions:
+            owned = self._table.get(execution.partition_id or 0)
+            if owned is not None:
+                fences[owned.fence.partition_id] = owned.fence
+        wanted = [e.execution_id for e in executions if (e.partition_id or 0) in fences]
+        while wanted:
+            params = ExecutionsSkip(
+                list(fences.values()),
+                wanted,
+                OVERLAP_ERROR_CODE,
+                "the previous execution of its schedule was still running",
+            )
+            try:
+                done = await retry_unavailable(
+                    functools.partial(self._ledger.executions_skip, params),
+                    rng=self._rng,
+                    log=log,
+                    what="skip overlapping executions",
+                )
+            except LeaseLost as exc:
+                lost = set(exc.partitions)
+                fences = {p: f for p, f in fences.items() if p not in lost}
+                wanted = [
+                    e.execution_id
+                    for e in executions
+                    if (e.partition_id or 0) in fences and e.execution_id in wanted
+                ]
+                continue
+            self._counts["overlap_skipped"] += len(done)
+            return
+
+    def _is_held(self, execution: Execution) -> bool:
+        held = self._held.get(execution.schedule_id)
+        return held is not None and held.execution_id == execution.execution_id
+
+    def _started_done(self, schedule_id: str) -> None:
+        """One execution of ``schedule_id`` started here is over (or was not claimed)."""
+        left = self._running.get(schedule_id, 0) - 1
+        if left > 0:
+            self._running[schedule_id] = left
+            return
+        self._running.pop(schedule_id, None)
+        self._release_held(schedule_id)
+
+    def _release_held(self, schedule_id: str) -> None:
+        held = self._held.pop(schedule_id, None)
+        # Not owned any more, or no room: it stays queued in the ledger for whoever fetches.
+        if held is not None and (held.partition_id or 0) in self._table:
+            self.queue.push(held)
+
+    async def recheck_held(self) -> None:
+        """Release held executions whose blocker -- a run left by a previous owner -- is no
+        longer running in the ledger; forget those of partitions no longer owned."""
+        self._recheck_due = self._clock.monotonic() + self.config.fetch_interval_s
+        checked = 0
+        for schedule_id in list(self._held):
+            if checked == HELD_RECHECK_MAX:
+                break
+            if self._running.get(schedule_id, 0) > 0:
+                continue  # started here: finished() releases it
+            held = self._held.pop(schedule_id)
+            if (held.partition_id or 0) not in self._table:
+                continue
+            checked += 1
+            self._held[schedule_id] = held  # re-inserted last: the next pass starts elsewhere
+            if not await self._running_in_ledger(schedule_id):
+                self._release_held(schedule_id)
+        if checked:
+            self._fetched.set()
+            self._fetched = trio.Event()
 
     async def _attempt_lease_s(self, batch: list[Execution]) -> float:
         longest = 0.0
@@ -216,7 +441,9 @@ class Dispatcher:
 
     async def refresh_settings(self) -> None:
         """Apply the stored task-type caps and tenant weights and quotas."""
-        for task_type in await self._ledger.task_types_list():
+        task_types = await self._ledger.task_types_list()
+        self._task_types = {task_type.name: task_type for task_type in task_types}
+        for task_type in task_types:
             self._limits.set_task_type_cap(task_type.name, task_type.max_concurrency)
         for tenant in await self._ledger.tenants_list():
             self._limits.set_tenant_quota(tenant.tenant_id, tenant.concurrency_quota)
@@ -232,6 +459,8 @@ class Dispatcher:
                 if self._clock.monotonic() >= self._settings_due:
                     await self.refresh_settings()
                 await self.fetch()
+                if self._held and self._clock.monotonic() >= self._recheck_due:
+                    await self.recheck_held()
             except CarillonError as exc:
                 log.warning("fetching due executions failed: %s", exc)
             wait_s = self.config.fetch_interval_s

@@ -6,14 +6,16 @@ execution id is the idempotency key), runs the task type's handler under the tas
 timeout, decides the execution's fate with :func:`~engine.core.retry_policy.decide`, and
 hands the completion to the batched :class:`~engine.actors.completions.CompletionWriter`.
 
-Task types and schedule payloads are read from the ledger and cached for ``cache_ttl_s``
-(a change reaches the workers within that time). A task type that cannot be read or built
-fails the attempt as *unknown* -- retried a few times, then dead-lettered -- rather than
-crashing the worker.
+Task types and schedules are read from the ledger and cached for ``cache_ttl_s`` (a change
+reaches the workers within that time); the :class:`ScheduleCache` is shared with the
+dispatcher, which reads each schedule's overlap policy from it. A task type that cannot be
+read or built fails the attempt as *unknown* -- retried a few times, then dead-lettered --
+rather than crashing the worker.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 from collections.abc import Callable
@@ -29,7 +31,7 @@ from engine.core.retry_policy import RetryPolicy, decide
 from engine.errors import CarillonError, NotFound
 from engine.handlers import ExecutionContext, Handler, HandlerOptions, HandlerResult, build_handler
 from engine.ledger.base import Completion, Ledger, Outcome
-from engine.model import Execution, TaskType
+from engine.model import Execution, Schedule, TaskType
 
 log = logging.getLogger("carillon.workers")
 
@@ -37,7 +39,10 @@ WORKERS_DEFAULT: Final = 32
 CACHE_TTL_S_DEFAULT: Final = 10.0
 TIMEOUT_GRACE_S: Final = 5.0
 """Extra time a handler gets beyond its task type's timeout before the worker abandons it."""
-PAYLOAD_CACHE_MAX: Final = 100_000
+SCHEDULE_CACHE_MAX: Final = 100_000
+"""Schedules cached at most; when full, the cache starts over (they are read again)."""
+PREFETCH_CONCURRENCY: Final = 32
+"""Schedule reads in flight at once when a batch's schedules are read ahead."""
 
 
 class WorkerPoolConfig(msgspec.Struct, frozen=True):
@@ -55,6 +60,60 @@ class Work(msgspec.Struct, frozen=True):
 
     execution: Execution
     partition_id: int
+
+
+class ScheduleCache:
+    """Schedules by id, read through the ledger and kept for ``ttl_s``.
+
+    A deleted schedule is cached as ``None``. Read errors (``LedgerUnavailable``) propagate
+    and nothing is cached for them.
+    """
+
+    def __init__(
+        self, ledger: Ledger, clock: Clock, ttl_s: float, *, max_entries: int = SCHEDULE_CACHE_MAX
+    ) -> None:
+        self._ledger = ledger
+        self._clock = clock
+        self._ttl_s = ttl_s
+        self._max_entries = max_entries
+        self._entries: dict[str, tuple[float, Schedule | None]] = {}
+
+    async def get(self, schedule_id: str) -> Schedule | None:
+        """The schedule, or ``None`` if it is deleted (at most ``ttl_s`` old)."""
+        now = self._clock.monotonic()
+        cached = self._entries.get(schedule_id)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        try:
+            schedule: Schedule | None = await self._ledger.schedules_get(schedule_id)
+        except NotFound:
+            schedule = None
+        if len(self._entries) >= self._max_entries:
+            self._entries.clear()
+        self._entries[schedule_id] = (now + self._ttl_s, schedule)
+        return schedule
+
+    async def prefetch(self, schedule_ids: list[str]) -> None:
+        """Read the listed schedules that are not cached, up to
+        :data:`PREFETCH_CONCURRENCY` at once; read errors are left for :meth:`get`."""
+        now = self._clock.monotonic()
+        missing = [
+            sid
+            for sid in dict.fromkeys(schedule_ids)
+            if (cached := self._entries.get(sid)) is None or cached[0] <= now
+        ]
+        if not missing:
+            return
+        limiter = trio.CapacityLimiter(PREFETCH_CONCURRENCY)
+
+        async def read(schedule_id: str) -> None:
+            async with limiter:
+                with contextlib.suppress(CarillonError):  # get() will raise it again
+                    await self.get(schedule_id)
+
+        async with trio.open_nursery() as nursery:
+            for schedule_id in missing:
+                nursery.start_soon(read, schedule_id)
 
 
 class WorkerPool:
@@ -79,7 +138,7 @@ class WorkerPool:
         self._on_finished = on_finished
         self._send, self._receive = trio.open_memory_channel[Work](0)
         self._task_types: dict[str, tuple[float, TaskType, Handler]] = {}
-        self._payloads: dict[str, tuple[float, dict[str, Any]]] = {}
+        self.schedules = ScheduleCache(ledger, clock, config.cache_ttl_s)
         self._busy = 0
         self._finished: dict[str, int] = {}
 
@@ -110,18 +169,9 @@ class WorkerPool:
         return task_type, handler
 
     async def _payload(self, schedule_id: str) -> dict[str, Any]:
-        now = self._clock.monotonic()
-        cached = self._payloads.get(schedule_id)
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        try:
-            payload = (await self._ledger.schedules_get(schedule_id)).payload
-        except NotFound:
-            payload = {}  # deleted while running: the attempt still gets its context
-        if len(self._payloads) >= PAYLOAD_CACHE_MAX:
-            self._payloads.clear()
-        self._payloads[schedule_id] = (now + self.config.cache_ttl_s, payload)
-        return payload
+        schedule = await self.schedules.get(schedule_id)
+        # Deleted while running: the attempt still gets its context.
+        return {} if schedule is None else schedule.payload
 
     async def _worker(self) -> None:
         async for work in self._receive:

@@ -57,7 +57,13 @@ def add_parser(commands: Any) -> None:
     put.add_argument("--catch-up", choices=[p.value for p in CatchUpPolicy], default="latest")
     put.add_argument("--dst-gap", choices=[p.value for p in DstGap], default="auto")
     put.add_argument("--dst-overlap", choices=[p.value for p in DstOverlap], default="auto")
-    put.add_argument("--overlap", choices=[p.value for p in OverlapPolicy], default="allow")
+    put.add_argument(
+        "--overlap",
+        choices=[p.value for p in OverlapPolicy],
+        default=None,
+        help="what a fire due while the previous run is still going does (default: the task "
+        "type's overlap policy, else allow)",
+    )
     add_database_argument(put)
     put.set_defaults(handler=run_put)
     listing = actions.add_parser("list", help="list schedules")
@@ -118,7 +124,7 @@ def run_put(args: argparse.Namespace) -> int:
             catch_up=CatchUpPolicy(args.catch_up),
             dst_gap=gap,
             dst_overlap=overlap,
-            overlap=OverlapPolicy(args.overlap),
+            overlap=None if args.overlap is None else OverlapPolicy(args.overlap),
         )
         try:
             current = await ledger.schedules_get(args.schedule_id)

@@ -240,6 +240,21 @@ def skipped_by_delete(execution: Execution, now: datetime) -> Execution:
     )
 
 
+def skipped(
+    execution: Execution, token: int, now: datetime, error_code: str, error_message: str | None
+) -> Execution:
+    """Not yet started (``queued``/``failed``) -> ``skipped`` on purpose (overlap policy)."""
+    return msgspec.structs.replace(
+        execution,
+        status=ExecutionStatus.SKIPPED,
+        error_code=error_code,
+        error_message=error_message,
+        not_before=None,
+        finished_at=now,
+        fencing_token=token,
+    )
+
+
 # --- leases ---------------------------------------------------------------------------------
 
 

@@ -268,6 +268,15 @@ class ExecutionsQuery(msgspec.Struct, frozen=True):
     """Inclusive; executions not finished (``finished_at`` unset) never match it."""
 
 
+class ExecutionsSkip(msgspec.Struct, frozen=True):
+    """Record not-yet-started executions as deliberately not run (e.g. the overlap policy)."""
+
+    fences: list[Fence]
+    execution_ids: list[str]
+    error_code: str
+    error_message: str | None = None
+
+
 class DeadLettersReplay(msgspec.Struct, frozen=True):
     execution_ids: list[str]
 
@@ -517,6 +526,16 @@ class Ledger(Protocol):
         ``failed`` waits for ``not_before``. Each applied completion is added to the attempt
         history. Others are returned as ``stale``. Fenced like claim.
         """
+        ...
+
+    async def executions_skip(self, params: ExecutionsSkip) -> list[str]:
+        """Make the listed executions that have not started -- ``queued``, or ``failed``
+        awaiting a retry, whatever their instant -- ``skipped`` with ``error_code`` and
+        ``error_message``: terminal, ``finished_at`` = now, ``not_before`` cleared, written
+        under the fence's token. No attempt is recorded (none ran). Returns the ids skipped,
+        in the order given, without repeats; others (running, terminal, unknown) are left
+        alone, so a repeated call skips nothing more. Fenced like claim; ``InvalidField``
+        for an empty ``error_code`` or more than :data:`BATCH_ROWS_MAX` ids."""
         ...
 
     async def executions_requeue_expired(self, params: ExecutionsRequeueExpired) -> list[str]:

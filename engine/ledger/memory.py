@@ -73,6 +73,7 @@ from engine.ledger.base import (
     ExecutionsPurge,
     ExecutionsQuery,
     ExecutionsRequeueExpired,
+    ExecutionsSkip,
     Fence,
     LeasesAcquire,
     LeasesRelease,
@@ -117,6 +118,7 @@ REGION_EPOCH_INITIAL = 1
 """The region epoch of a fresh cluster (no failover has happened yet)."""
 
 _PURGEABLE = frozenset({ExecutionStatus.SUCCEEDED, ExecutionStatus.SKIPPED})
+_NOT_STARTED = frozenset({ExecutionStatus.QUEUED, ExecutionStatus.FAILED})
 
 
 class MemoryLedger:
@@ -536,6 +538,26 @@ class MemoryLedger:
             self._executions.put(*transitions.finished(execution, completion, token, now))
             applied.append(completion.execution_id)
         return CompleteResult(applied=applied, stale=stale)
+
+    async def executions_skip(self, params: ExecutionsSkip) -> list[str]:
+        await trio.lowlevel.checkpoint()
+        check_batch(len(params.execution_ids), BATCH_ROWS_MAX, field="execution_ids")
+        if not params.error_code:
+            raise InvalidField("a skipped execution must carry an error_code saying why")
+        self._require_fenced_ids(params.execution_ids, params.fences)
+        now = self._now()
+        tokens = self._leases.require(params.fences, now)
+        done = []
+        for key in dict.fromkeys(params.execution_ids):
+            execution = self._executions.get(key)
+            if execution is None or execution.status not in _NOT_STARTED:
+                continue
+            token = tokens[partition_of_row(execution)]
+            self._executions.put(
+                transitions.skipped(execution, token, now, params.error_code, params.error_message)
+            )
+            done.append(key)
+        return done
 
     async def executions_requeue_expired(self, params: ExecutionsRequeueExpired) -> list[str]:
         await trio.lowlevel.checkpoint()

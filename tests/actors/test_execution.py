@@ -8,6 +8,8 @@ import msgspec
 import trio
 import trio.testing
 
+from engine.errors import PermanentError
+from engine.handlers import ExecutionContext
 from engine.ledger.base import ExecutionsQuery, TaskTypesPut
 from engine.model import ExecutionStatus, HandlerKind, TaskType
 from tests.actors import user_handlers
@@ -31,19 +33,26 @@ async def test_executions_run_at_their_instant_never_early(
         assert timedelta(0) <= delay < timedelta(seconds=1), execution
 
 
+async def always_bad(context: ExecutionContext) -> None:
+    """Like ``user_handlers.always_bad``, but async: a plain function runs in a real worker
+    thread, during which the autojump clock may race past its attempt lease and have it
+    redelivered (the thread path is covered in ``tests/handlers/test_python.py``)."""
+    user_handlers.CALLS[context.execution_id] += 1
+    raise PermanentError("the payload is invalid")
+
+
 async def test_transient_failures_retry_with_the_same_key_and_permanent_ones_dead_letter(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     user_handlers.CALLS.clear()
     async with cluster() as c:
-        for name, function in (("flaky", "flaky_once"), ("bad", "always_bad")):
+        for name, function in (
+            ("flaky", "tests.actors.user_handlers:flaky_once"),
+            ("bad", f"{__name__}:always_bad"),
+        ):
             await c.ledger.task_types_put(
                 TaskTypesPut(
-                    TaskType(
-                        name=name,
-                        kind=HandlerKind.PYTHON,
-                        settings={"callable": f"tests.actors.user_handlers:{function}"},
-                    )
+                    TaskType(name=name, kind=HandlerKind.PYTHON, settings={"callable": function})
                 )
             )
         schedules = [

@@ -35,6 +35,7 @@ from engine.ledger.base import (
     ExecutionsPurge,
     ExecutionsQuery,
     ExecutionsRequeueExpired,
+    ExecutionsSkip,
     Fence,
     LeasesAcquire,
     LeasesRelease,
@@ -172,7 +173,7 @@ async def test_create_assigns_version_partition_and_timestamp(backend: Backend) 
                     catch_up_window_s=120.0,
                     dst_gap=DstGap.SKIP,
                     dst_overlap=DstOverlap.BOTH,
-                    overlap=OverlapPolicy.ALLOW,
+                    overlap=OverlapPolicy.BUFFER_ONE,
                     enabled=False,
                 )
             ]
@@ -187,8 +188,12 @@ async def test_create_assigns_version_partition_and_timestamp(backend: Backend) 
     assert (fetched.catch_up, fetched.dst_gap, fetched.overlap) == (
         CatchUpPolicy.NONE,
         DstGap.SKIP,
-        OverlapPolicy.ALLOW,
+        OverlapPolicy.BUFFER_ONE,
     )
+    # A schedule without an overlap policy of its own keeps none (its task type's applies).
+    [plain] = await backend.ledger.schedules_create(SchedulesCreate([schedule("plain")]))
+    assert plain.overlap is None
+    assert (await backend.ledger.schedules_get("plain")).overlap is None
 
 
 async def test_create_is_all_or_nothing_and_names_existing_ids(backend: Backend) -> None:
@@ -888,6 +893,69 @@ async def test_failed_attempts_retry_after_not_before_then_dead_letter_and_repla
     ]
     # Only dead letters are replayed.
     assert await backend.ledger.dead_letters_replay(DeadLettersReplay([eid])) == []
+
+
+async def test_skip_ends_only_unstarted_executions_fenced_and_idempotently(
+    backend: Backend,
+) -> None:
+    sids = ids_in_partition(4, 4)
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(s) for s in sids]))
+    fence = await own(backend, 4)
+    now = (await backend.ledger.database_now()).replace(microsecond=0)
+    past, future = now - timedelta(seconds=1), now + timedelta(minutes=10)
+    await planned(backend, fence, sids[:3], past)
+    await planned(backend, fence, sids[3:], future)
+    queued, running, failed, not_due = (
+        execution_id(sids[0], past),
+        execution_id(sids[1], past),
+        execution_id(sids[2], past),
+        execution_id(sids[3], future),
+    )
+    await backend.ledger.executions_claim(ExecutionsClaim([fence], [running, failed], 30, "n"))
+    retry_at = now + timedelta(hours=1)
+    await backend.ledger.executions_complete(
+        ExecutionsComplete([fence], [Completion(failed, 1, Outcome.FAILED, retry_at, "http_503")])
+    )
+    skip = ExecutionsSkip(
+        [fence], [not_due, running, queued, failed, queued], "overlap", "still running"
+    )
+    # Not-yet-due, queued and failed-awaiting-retry ones are skipped; running ones are not.
+    assert await backend.ledger.executions_skip(skip) == [not_due, queued, failed]
+    assert await backend.ledger.executions_skip(skip) == []
+    for eid in (not_due, queued, failed):
+        detail = await backend.ledger.executions_get(eid)
+        row = detail.execution
+        assert (row.status, row.error_code, row.error_message) == (
+            ExecutionStatus.SKIPPED,
+            "overlap",
+            "still running",
+        )
+        assert row.finished_at is not None
+        assert row.not_before is None
+        assert row.fencing_token == fence.fencing_token
+        assert len(detail.attempts) == (1 if eid == failed else 0)  # a skip is no attempt
+    assert (await backend.ledger.executions_get(running)).execution.status is (
+        ExecutionStatus.RUNNING
+    )
+    assert await due_now(backend, 4, after=3600) == []
+    with pytest.raises(InvalidField):
+        await backend.ledger.executions_skip(ExecutionsSkip([fence], [running], ""))
+    [other] = ids_in_partition(5, 1)
+    with pytest.raises(InvalidField):
+        await backend.ledger.executions_skip(
+            ExecutionsSkip([fence], [execution_id(other, past)], "overlap")
+        )
+    # A stale fence changes nothing.
+    await backend.ledger.leases_release(LeasesRelease([fence]))
+    newer = await own(backend, 4, owner="node-b")
+    await planned(backend, newer, sids[:1], now)
+    with pytest.raises(LeaseLost):
+        await backend.ledger.executions_skip(
+            ExecutionsSkip([fence], [execution_id(sids[0], now)], "overlap")
+        )
+    assert (await backend.ledger.executions_get(execution_id(sids[0], now))).execution.status is (
+        ExecutionStatus.QUEUED
+    )
 
 
 async def test_queries_filter_by_task_type_and_finished_since(backend: Backend) -> None:

@@ -31,6 +31,7 @@ from engine.ledger.base import (
     ExecutionsPurge,
     ExecutionsQuery,
     ExecutionsRequeueExpired,
+    ExecutionsSkip,
     Fence,
     Outcome,
     Page,
@@ -207,6 +208,28 @@ async def executions_complete(store: Store, params: ExecutionsComplete) -> Compl
         else:
             stale.append(completion.execution_id)
     return CompleteResult(applied=applied, stale=stale)
+
+
+async def executions_skip(store: Store, params: ExecutionsSkip) -> list[str]:
+    check_batch(params.execution_ids, BATCH_ROWS_MAX, what="execution ids")
+    if not params.error_code:
+        raise InvalidField("a skipped execution must carry an error_code saying why")
+    ids = unique(params.execution_ids)
+    tokens = _tokens(params.fences)
+    _check_partition(_schedule_ids(ids), tokens.keys(), store.partition_count, what="execution")
+    async with store.transaction() as connection:
+        await require_fences(connection, params.fences)
+        if not ids:
+            return []
+        rows = await connection.fetch(
+            sql.EXECUTIONS_SKIP,
+            ids,
+            params.error_code,
+            params.error_message,
+            list(tokens),
+            list(tokens.values()),
+        )
+    return in_order(ids, (row["execution_id"] for row in rows))
 
 
 async def executions_requeue_expired(store: Store, params: ExecutionsRequeueExpired) -> list[str]:

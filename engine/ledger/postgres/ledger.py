@@ -49,6 +49,7 @@ from engine.ledger.base import (
     ExecutionsPurge,
     ExecutionsQuery,
     ExecutionsRequeueExpired,
+    ExecutionsSkip,
     LeasesAcquire,
     LeasesRelease,
     LeasesRenew,
@@ -206,6 +207,9 @@ class PostgresLedger:
 
     async def executions_complete(self, params: ExecutionsComplete) -> CompleteResult:
         return await self._run(executions.executions_complete, params)
+
+    async def executions_skip(self, params: ExecutionsSkip) -> list[str]:
+        return await self._run(executions.executions_skip, params)
 
     async def executions_requeue_expired(self, params: ExecutionsRequeueExpired) -> list[str]:
         return await self._run(executions.executions_requeue_expired, params)

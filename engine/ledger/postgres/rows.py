@@ -61,7 +61,7 @@ def schedule_from_row(row: Row) -> Schedule:
         catch_up_window_s=row["catch_up_window_s"],
         dst_gap=_DST_GAP[row["dst_gap"]],
         dst_overlap=_DST_OVERLAP[row["dst_overlap"]],
-        overlap=_OVERLAP[row["overlap"]],
+        overlap=None if row["overlap"] is None else _OVERLAP[row["overlap"]],
     )
 
 

@@ -230,7 +230,7 @@ def _user_fields(schedule: Schedule) -> tuple[Any, ...]:
         float(schedule.catch_up_window_s),
         str(schedule.dst_gap),
         str(schedule.dst_overlap),
-        str(schedule.overlap),
+        None if schedule.overlap is None else str(schedule.overlap),
     )
 
 

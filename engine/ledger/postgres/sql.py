@@ -429,6 +429,18 @@ RETURNING execution_id, attempt
 ``finished_at`` is set exactly while an execution is terminal, so a failed attempt leaves it
 empty and waits for ``not_before`` (now, when the worker gave no retry time)."""
 
+EXECUTIONS_SKIP: Final = """
+UPDATE executions AS e
+SET status = 'skipped', error_code = $2, error_message = $3, finished_at = now(),
+    not_before = NULL, fencing_token = f.fencing_token
+FROM unnest($4::integer[], $5::bigint[]) AS f (partition_id, fencing_token)
+WHERE e.execution_id = ANY($1::text[])
+  AND e.partition_id = f.partition_id
+  AND e.status IN ('queued', 'failed')
+RETURNING e.execution_id
+"""
+"""Skip not-yet-started executions on purpose (the overlap policy); no attempt is recorded."""
+
 EXECUTIONS_REQUEUE_EXPIRED: Final = """
 WITH expired AS (
     SELECT execution_id FROM executions

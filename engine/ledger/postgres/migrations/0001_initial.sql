@@ -70,7 +70,8 @@ CREATE TABLE schedules (
     dst_gap           text        NOT NULL CHECK (dst_gap IN ('auto', 'shift', 'skip')),
     dst_overlap       text        NOT NULL
                                   CHECK (dst_overlap IN ('auto', 'first', 'last', 'both')),
-    overlap           text        NOT NULL CHECK (overlap IN ('allow', 'skip', 'buffer_one')),
+    -- NULL: the task type's default overlap policy, else 'allow'
+    overlap           text        CHECK (overlap IN ('allow', 'skip', 'buffer_one')),
     deleted_at        timestamptz,
     -- task_type while the schedule is live, NULL once it is deleted. Its foreign key makes
     -- "no live schedule names a missing task type" an invariant of the database, while a
