@@ -23,8 +23,7 @@ from engine.ledger.base import (
 from engine.ledger.memory import MemoryLedger
 from engine.model import ExecutionStatus, Schedule, execution_id
 from engine.testing import ManualClock
-from tests.ledger.backends import START, put_noop_task_type
-from tests.ledger.test_contract import ids_in_partition
+from tests.ledger.backends import START, ids_in_partition, put_noop_task_type
 
 
 async def test_retention_removes_old_finished_executions_in_bounded_batches() -> None:

@@ -17,13 +17,16 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import urlsplit
 
+import asyncpg
 import trio
 
+from engine.core.hashing import partition_of
 from engine.ledger.base import Ledger, TaskTypesPut
 from engine.ledger.database import url_with_database as with_database
-from engine.model import HandlerKind, TaskType
+from engine.model import HandlerKind, Schedule, TaskType
 from engine.testing import ManualClock
 
 PARTITIONS = 8
@@ -123,3 +126,44 @@ async def postgres_backend(database_url: str, template: str) -> AsyncIterator[Ba
     ):
         await put_noop_task_type(ledger)
         yield Backend("postgres", ledger, None)
+
+
+# --- helpers shared by the ledger tests -----------------------------------------------------
+
+
+def ids_in_partition(partition: int, count: int, prefix: str = "s") -> list[str]:
+    """``count`` schedule ids that hash to ``partition`` (of :data:`PARTITIONS`)."""
+    found: list[str] = []
+    n = 0
+    while len(found) < count:
+        candidate = f"{prefix}-{n}"
+        if partition_of(candidate, PARTITIONS) == partition:
+            found.append(candidate)
+        n += 1
+    return found
+
+
+def schedule(schedule_id: str, **overrides: Any) -> Schedule:
+    """A minutely ``noop`` schedule of tenant ``acme``, with ``overrides``."""
+    fields: dict[str, Any] = {
+        "schedule_id": schedule_id,
+        "tenant_id": "acme",
+        "cron_expr": "* * * * *",
+        "task_type": "noop",
+    }
+    fields.update(overrides)
+    return Schedule(**fields)
+
+
+async def run_sql(url: str, statement: str, *args: Any) -> list[asyncpg.Record]:
+    connection = await asyncpg.connect(url, timeout=10)
+    try:
+        rows: list[asyncpg.Record] = await connection.fetch(statement, *args)
+        return rows
+    finally:
+        await connection.close()
+
+
+async def sql(url: str, statement: str, *args: Any) -> list[asyncpg.Record]:
+    """Run one statement on a connection of its own (asyncio in a worker thread)."""
+    return await trio.to_thread.run_sync(asyncio.run, run_sql(url, statement, *args))

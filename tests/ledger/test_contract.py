@@ -59,7 +59,6 @@ from engine.model import (
     ExecutionStatus,
     HandlerKind,
     OverlapPolicy,
-    Schedule,
     TaskType,
     Tenant,
     execution_id,
@@ -67,8 +66,10 @@ from engine.model import (
 from tests.ledger.backends import (
     PARTITIONS,
     Backend,
+    ids_in_partition,
     memory_backend,
     postgres_backend,
+    schedule,
 )
 
 TTL_S = 0.6
@@ -88,28 +89,6 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-def ids_in_partition(partition: int, count: int, prefix: str = "s") -> list[str]:
-    found: list[str] = []
-    n = 0
-    while len(found) < count:
-        candidate = f"{prefix}-{n}"
-        if partition_of(candidate, PARTITIONS) == partition:
-            found.append(candidate)
-        n += 1
-    return found
-
-
-def schedule(schedule_id: str, **overrides: object) -> Schedule:
-    fields: dict[str, object] = {
-        "schedule_id": schedule_id,
-        "tenant_id": "acme",
-        "cron_expr": "* * * * *",
-        "task_type": "noop",
-    }
-    fields.update(overrides)
-    return Schedule(**fields)  # type: ignore[arg-type]
 
 
 async def own(backend: Backend, partition: int, owner: str = "node-a") -> Fence:

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
-import asyncpg
 import pytest
 import trio
 
@@ -27,22 +26,9 @@ from engine.ledger.postgres import (
     read_migration_status,
 )
 from engine.ledger.postgres.migrate import known_migrations, latest_version
+from tests.ledger.backends import run_sql, sql
 
 pytestmark = pytest.mark.postgres
-
-
-async def _run_sql(url: str, statement: str, *args: Any) -> list[asyncpg.Record]:
-    connection = await asyncpg.connect(url, timeout=10)
-    try:
-        rows: list[asyncpg.Record] = await connection.fetch(statement, *args)
-        return rows
-    finally:
-        await connection.close()
-
-
-async def sql(url: str, statement: str, *args: Any) -> list[asyncpg.Record]:
-    """Run one statement on its own connection (asyncio in a worker thread)."""
-    return await trio.to_thread.run_sync(asyncio.run, _run_sql(url, statement, *args))
 
 
 @pytest.fixture
@@ -210,11 +196,11 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
 def cli_url(database_url: str) -> Any:
     """A fresh database for the (synchronous) CLI tests."""
     name = f"{urlsplit(database_url).path.lstrip('/')}_c{secrets.token_hex(4)}"
-    asyncio.run(_run_sql(database_url, f'CREATE DATABASE "{name}"'))
+    asyncio.run(run_sql(database_url, f'CREATE DATABASE "{name}"'))
     try:
         yield url_with_database(database_url, name)
     finally:
-        asyncio.run(_run_sql(database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        asyncio.run(run_sql(database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 def test_cli_applies_then_reports_up_to_date_then_shows_status(

@@ -22,7 +22,6 @@ import asyncpg
 import pytest
 import trio
 
-from engine.core.hashing import partition_of
 from engine.errors import LedgerUnavailable, VersionConflict
 from engine.ledger.base import (
     ExecutionsPlan,
@@ -41,7 +40,7 @@ from engine.ledger.bridge import DatabaseBridge
 from engine.ledger.database import url_with_database
 from engine.ledger.postgres import PostgresLedger, migrate_database, open_postgres_ledger
 from engine.model import ExecutionStatus, Schedule, execution_id
-from tests.ledger.backends import put_noop_task_type
+from tests.ledger.backends import ids_in_partition, put_noop_task_type, schedule, sql
 
 pytestmark = pytest.mark.postgres
 
@@ -50,20 +49,6 @@ LONG_TTL_S = 60.0
 
 
 # --- helpers ----------------------------------------------------------------------------------
-
-
-async def _run_sql(url: str, statement: str, *args: Any) -> list[asyncpg.Record]:
-    connection = await asyncpg.connect(url, timeout=10)
-    try:
-        rows: list[asyncpg.Record] = await connection.fetch(statement, *args)
-        return rows
-    finally:
-        await connection.close()
-
-
-async def sql(url: str, statement: str, *args: Any) -> list[asyncpg.Record]:
-    """Run one statement on a connection of its own (asyncio in a worker thread)."""
-    return await trio.to_thread.run_sync(asyncio.run, _run_sql(url, statement, *args))
 
 
 @pytest.fixture
@@ -120,28 +105,6 @@ async def terminate_backends(url: str, *, query_like: str = "%") -> int:
         query_like,
     )
     return len(rows)
-
-
-def ids_in_partition(partition: int, count: int, prefix: str = "s") -> list[str]:
-    found: list[str] = []
-    n = 0
-    while len(found) < count:
-        candidate = f"{prefix}-{n}"
-        if partition_of(candidate, PARTITIONS) == partition:
-            found.append(candidate)
-        n += 1
-    return found
-
-
-def schedule(schedule_id: str, **overrides: Any) -> Schedule:
-    fields: dict[str, Any] = {
-        "schedule_id": schedule_id,
-        "tenant_id": "acme",
-        "cron_expr": "* * * * *",
-        "task_type": "noop",
-    }
-    fields.update(overrides)
-    return Schedule(**fields)
 
 
 async def own(
