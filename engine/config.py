@@ -25,6 +25,7 @@ CHANGE_POLL_INTERVAL_S_DEFAULT: Final = 1.0
 SHUTDOWN_TIMEOUT_S_DEFAULT: Final = 10.0
 CATCHUP_GRACE_S_DEFAULT: Final = 60.0
 RETENTION_DAYS_DEFAULT: Final = 7.0
+ATTEMPT_LEASE_S_DEFAULT: Final = 60.0
 WORKERS_DEFAULT: Final = 32
 
 
@@ -79,6 +80,9 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """Starts allowed at once above the rate."""
     dispatch_smoothing_window_s: float = 0.0
     """Spread the burst allowance over this many seconds instead of releasing it at once."""
+    attempt_lease_s: float = ATTEMPT_LEASE_S_DEFAULT
+    """A claimed attempt is this node's for this long, renewed every third of it while it
+    runs; after a crash its executions are re-queued within about this long."""
     webhook_allow_cidrs: str = ""
     """Comma-separated networks webhooks may reach although the SSRF guard refuses them."""
     enable_shell: bool = False
@@ -109,6 +113,10 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             problems.append(f"workers must be between 1 and 10000, got {self.workers}")
         if self.dispatch_rate_per_s < 0 or self.dispatch_burst < 1:
             problems.append("dispatch_rate_per_s must be >= 0 and dispatch_burst >= 1")
+        if not 3.0 <= self.attempt_lease_s <= 3600.0:
+            problems.append(
+                f"attempt_lease_s must be between 3 and 3600 seconds, got {self.attempt_lease_s}"
+            )
         if self.dispatch_smoothing_window_s < 0:
             problems.append("dispatch_smoothing_window_s must be >= 0")
         if self.burst_plan_rate_per_s <= 0 or not 0 <= self.burst_lookahead_extra_s_max <= 600:

@@ -40,8 +40,13 @@ TENANT_RATE_PER_S_MAX: Final = 1_000_000.0
 TENANT_BURST_MAX: Final = 1_000_000
 SETTINGS_BYTES_MAX: Final = 16 * 1024
 """Largest JSON-encoded handler settings a task type may carry."""
+ACTOR_LENGTH_MAX: Final = 200
+"""Longest actor an audit event may name (``cli:alice@build-host-7``)."""
+REASON_LENGTH_MAX: Final = 1000
+"""Longest reason an operator may give for an audited action."""
 
 _IDENTIFIER: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._~-]*$")
+_LINE_BREAKS_AND_TABS: Final = str.maketrans("", "", "\r\n\t")
 
 
 class ExecutionStatus(enum.StrEnum):
@@ -203,6 +208,31 @@ class Execution(msgspec.Struct, frozen=True, kw_only=True):
     """While running: when the attempt lease expires and the execution may be re-queued."""
 
 
+class AuditAction(enum.StrEnum):
+    """What an audit event records (its ``action``)."""
+
+    DEAD_LETTER_REPLAY = "dead_letter.replay"
+    """A dead letter was put back in the queue. ``target``: its execution id; ``details``:
+    ``reason`` (the operator's, or ``None``), ``attempt`` (its attempt count when replayed)
+    and ``error_code`` (the error it was dead-lettered with)."""
+
+
+class AuditEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """One entry of the append-only audit trail: who did what to which target, and when."""
+
+    event_id: int
+    """Assigned by the ledger: 1, 2, 3 ... in commit order (there may be gaps)."""
+    at: datetime
+    """The ledger's clock when the action was taken."""
+    actor: str
+    """Who acted, e.g. ``cli:alice@ops-1`` (:func:`validate_actor`)."""
+    action: str
+    """An :class:`AuditAction` value (kept a plain string, so that events written by a newer
+    Carillon can still be read)."""
+    target: str
+    details: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
 class Lease(msgspec.Struct, frozen=True, kw_only=True):
     """Ownership of one partition, valid until ``expires_at`` by the database's clock."""
 
@@ -231,6 +261,38 @@ def validate_identifier(value: str, *, kind: str) -> str:
             "letters, digits and . _ ~ -, starting with a letter or digit"
         )
     return value
+
+
+def validate_actor(actor: str) -> str:
+    """Check the actor of an audited action: 1-200 printable characters, no surrounding
+    spaces. Unlike an identifier it may hold ``:``, ``@`` and spaces (``cli:alice@host``)."""
+    if (
+        not isinstance(actor, str)
+        or not 1 <= len(actor) <= ACTOR_LENGTH_MAX
+        or not actor.isprintable()
+        or actor != actor.strip()
+    ):
+        raise InvalidField(
+            f"actor {actor!r} is invalid: use 1-{ACTOR_LENGTH_MAX} printable characters "
+            "without leading or trailing spaces, e.g. 'cli:alice@ops-1'"
+        )
+    return actor
+
+
+def validate_reason(reason: str | None) -> str | None:
+    """Check an operator's reason: ``None``, or up to 1000 printable characters (line breaks
+    and tabs allowed) that are not all blank."""
+    if reason is None:
+        return None
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidField("reason must not be blank; leave it out instead")
+    if len(reason) > REASON_LENGTH_MAX:
+        raise InvalidField(
+            f"reason is {len(reason)} characters long; at most {REASON_LENGTH_MAX} are kept"
+        )
+    if not reason.translate(_LINE_BREAKS_AND_TABS).isprintable():
+        raise InvalidField("reason must hold printable characters only (and line breaks)")
+    return reason
 
 
 def execution_id(schedule_id: str, planned_at: datetime) -> str:

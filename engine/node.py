@@ -129,6 +129,7 @@ class Node:
                 webhook_allow_cidrs=config.webhook_allow_list, enable_shell=config.enable_shell
             ),
             rng,
+            table=self.table,
             on_finished=self._finished,
             on_retry=self._request_fetch,
         )
@@ -138,6 +139,7 @@ class Node:
                 rate_per_s=config.dispatch_rate_per_s or None,
                 burst=config.dispatch_burst,
                 smoothing_window_s=config.dispatch_smoothing_window_s,
+                attempt_lease_s=config.attempt_lease_s,
             ),
             ledger,
             clock,

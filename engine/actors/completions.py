@@ -64,7 +64,12 @@ class CompletionWriter:
 
     async def submit(self, partition_id: int, completion: Completion) -> None:
         """Queue a completion (waits while the queue is full)."""
-        await self._send.send((partition_id, completion))
+        try:
+            # No schedule point when there is room: at burst rates a context switch per
+            # completion is a measurable share of the worker's time.
+            self._send.send_nowait((partition_id, completion))
+        except trio.WouldBlock:
+            await self._send.send((partition_id, completion))
 
     async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()

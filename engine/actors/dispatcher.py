@@ -28,10 +28,10 @@ against the queue's bound, put back into the queue -- where it is the schedule's
 as soon as the schedule's run finishes. Held executions blocked by a previous owner's run are
 re-checked in the ledger every ``fetch_interval_s``.
 
-The attempt lease is the task type's timeout plus a margin, so a live worker never loses its
-attempt and a crashed one's attempt is re-queued by the redeliverer once it has run out.
-An execution claimed by no one (another node got it, or it stopped being startable) is
-simply forgotten; the ledger stays the source of truth.
+Each claimed execution gets an attempt lease of ``attempt_lease_s``, which the worker pool
+renews while it holds the execution; a crashed node's attempts run out and the redeliverer
+re-queues them. An execution claimed by no one (another node got it, or it stopped being
+startable) is simply forgotten; the ledger stays the source of truth.
 """
 
 from __future__ import annotations
@@ -50,20 +50,24 @@ import trio
 from engine.actors.clock_monitor import ClockMonitor
 from engine.actors.partitions import PartitionTable
 from engine.actors.retry import retry_unavailable
-from engine.actors.workers import ScheduleCache, Work, WorkerPool
+from engine.actors.schedule_cache import ScheduleCache
+from engine.actors.workers import Work, WorkerPool
 from engine.clock import Clock
+from engine.config import ATTEMPT_LEASE_S_DEFAULT
 from engine.core.dispatch import ConcurrencyLimits
 from engine.core.fair_queue import FairQueue, PushOutcome
 from engine.core.token_bucket import TokenBucket
 from engine.errors import CarillonError, LeaseLost
 from engine.ledger.base import (
     PAGE_SIZE_MAX,
+    DueCursor,
     ExecutionsClaim,
     ExecutionsDue,
     ExecutionsQuery,
     ExecutionsSkip,
     Fence,
     Ledger,
+    due_cursor,
 )
 from engine.model import Execution, ExecutionStatus, OverlapPolicy, TaskType, overlap_policy
 
@@ -74,8 +78,10 @@ FETCH_INTERVAL_S_DEFAULT: Final = 5.0
 instant (:meth:`Dispatcher.request_fetch`), so this only catches what nobody announced
 (replays, re-queued attempts, executions of a partition just taken over)."""
 CLAIM_BATCH_DEFAULT: Final = 500
+CLAIMERS: Final = 2
+"""Claims in flight at once: the next batch is claimed while the previous one's round trip
+is still out."""
 QUEUE_MAX_DEFAULT: Final = 50_000
-ATTEMPT_LEASE_MARGIN_S: Final = 30.0
 SETTINGS_REFRESH_S: Final = 10.0
 """How often task-type caps and tenant weights and quotas are re-read from the ledger."""
 OVERLAP_ERROR_CODE: Final = "overlap"
@@ -103,6 +109,10 @@ class DispatcherConfig(msgspec.Struct, frozen=True):
     burst: int = 1_000
     smoothing_window_s: float = 0.0
     """Spread a burst's tolerance over this many seconds instead of releasing it at once."""
+    attempt_lease_s: float = ATTEMPT_LEASE_S_DEFAULT
+    """How long a claimed attempt is this node's without renewal. The worker pool renews it
+    every third of that while it holds the execution, so a handler may run for hours; when a
+    node dies, its attempts are re-queued within about this long."""
 
 
 class DispatcherStatistics(msgspec.Struct, frozen=True):
@@ -165,9 +175,14 @@ class Dispatcher:
         self._held: dict[str, Execution] = {}
         """``buffer_one``: the one execution per schedule waiting for its run to finish."""
         self._dispatching: set[str] = set()
+        """Popped, and not yet claimed or given up: still startable in the ledger."""
+        self._claiming = 0
+        """Admitted executions of batches being claimed: they will need a worker too."""
         self._fetch_at: datetime | None = None
         self._backlog = False
         """The last fetch returned a full page: more is startable than the queue holds."""
+        self._cursor: DueCursor | None = None
+        """Where the next fetch resumes while paging through a backlog."""
 
     def request_fetch(self, at: datetime) -> None:
         """Fetch again at ``at`` (when something becomes startable then)."""
@@ -180,6 +195,10 @@ class Dispatcher:
         the execution its schedule holds back (``buffer_one``), if any."""
         self._limits.finished(execution.tenant_id, execution.task_type)
         self._started_done(execution.schedule_id)
+        self._nudge()
+
+    def _nudge(self) -> None:
+        """Wake the dispatch loop: there may be work or room now."""
         self._fetched.set()
         self._fetched = trio.Event()
 
@@ -208,10 +227,16 @@ class Dispatcher:
         if not owned or room <= 0:
             return 0
         limit = min(PAGE_SIZE_MAX, room)
-        due = await self._ledger.executions_due(ExecutionsDue(owned, self._monitor.now(), limit))
-        # A full page means more is startable now: fetch again as soon as the queue runs low
-        # instead of waiting for the fallback interval (measured: 200/s -> ~3,000/s on a burst).
+        due = await self._ledger.executions_due(
+            ExecutionsDue(owned, self._monitor.now(), limit, after=self._cursor)
+        )
+        # A full page means more is startable now: fetch the next page as soon as the queue
+        # runs low instead of waiting for the fallback interval, starting after this one (a
+        # backlog is paged through once instead of re-reading what the queue holds already).
+        # A short page ends the pass; the next starts from the beginning again, so whatever
+        # became startable behind the cursor meanwhile (a retry, a re-queued attempt) is seen.
         self._backlog = len(due) >= limit
+        self._cursor = due_cursor(due[-1]) if self._backlog else None
         added = sum(
             1
             for execution in due
@@ -221,16 +246,28 @@ class Dispatcher:
         )
         self._counts["fetches"] += 1
         if added:
-            self._fetched.set()
-            self._fetched = trio.Event()
+            # Read their schedules now, off the dispatch path (it needs their overlap policy).
+            await self._schedules.prefetch([execution.schedule_id for execution in due])
+            self._nudge()
         return added
 
     async def dispatch(self) -> int:
-        """Pop what may start now, apply the overlap policies, claim what may start and hand
-        it to the workers; returns how many it started, held or skipped."""
+        """One batch from start to finish: pop what may start now, apply the overlap
+        policies, claim what may start and hand it to the workers; returns how many it
+        started, held or skipped. (The dispatch loop runs the same steps, pipelined.)"""
+        batch = self._pop_batch()
+        if not batch:
+            return 0
+        admitted, settled = await self._admit_batch(batch)
+        return await self._claim_and_submit(admitted) + settled
+
+    def _pop_batch(self) -> list[Execution]:
+        """What may start now, in fair order, as many as the workers can take (and the
+        token bucket allows)."""
         batch: list[Execution] = []
         now_mono = self._clock.monotonic()
-        while len(batch) < self.config.claim_batch:
+        wanted = min(self.config.claim_batch, self._workers.free - self._claiming)
+        while len(batch) < wanted:
             if self._bucket is not None and self._bucket.wait_s(now_mono) > 0:
                 break
             execution = self.queue.pop(self._monitor.now())
@@ -239,21 +276,36 @@ class Dispatcher:
             if self._bucket is not None:
                 self._bucket.take(now_mono)
             batch.append(execution)
-        if not batch:
-            return 0
+        return batch
+
+    async def _admit_batch(self, batch: list[Execution]) -> tuple[list[Execution], int]:
+        """:meth:`_admit`, keeping the popped executions out of fetches until claimed."""
         # Popped but still in the ledger as startable: a fetch meanwhile must not queue them
         # again (a second copy would meet its own hold or run as an overlap).
-        self._dispatching = {execution.execution_id for execution in batch}
+        popped = [execution.execution_id for execution in batch]
+        self._dispatching.update(popped)
         try:
             admitted, settled = await self._admit(batch)
-            claimed = await self._claim(admitted) if admitted else []
-        finally:
-            self._dispatching = set()
-        for execution in claimed:
-            await self._workers.submit(Work(execution, execution.partition_id or 0))
-        return len(claimed) + settled
+        except BaseException:
+            self._dispatching.difference_update(popped)
+            raise
+        kept = {execution.execution_id for execution in admitted}
+        self._dispatching.difference_update(eid for eid in popped if eid not in kept)
+        self._claiming += len(admitted)
+        return admitted, settled
 
-    async def _claim(self, batch: list[Execution]) -> list[Execution]:
+    async def _claim_and_submit(self, admitted: list[Execution]) -> int:
+        try:
+            claimed, lease_s = await self._claim(admitted) if admitted else ([], 0.0)
+            for execution in claimed:
+                await self._workers.submit(Work(execution, execution.partition_id or 0, lease_s))
+        finally:
+            self._dispatching.difference_update(execution.execution_id for execution in admitted)
+            self._claiming -= len(admitted)
+        return len(claimed)
+
+    async def _claim(self, batch: list[Execution]) -> tuple[list[Execution], float]:
+        """The executions of ``batch`` claimed, and the attempt lease they got."""
         by_id = {execution.execution_id: execution for execution in batch}
         fences: dict[int, Fence] = {}
         for execution in batch:
@@ -262,8 +314,9 @@ class Dispatcher:
                 fences[owned.fence.partition_id] = owned.fence
         wanted = [e for e in batch if (e.partition_id or 0) in fences]
         claimed: list[Execution] = []
+        lease_s = 0.0
         while wanted:
-            lease_s = await self._attempt_lease_s(wanted)
+            lease_s = self.config.attempt_lease_s
             params = ExecutionsClaim(
                 list(fences.values()),
                 [e.execution_id for e in wanted],
@@ -289,7 +342,7 @@ class Dispatcher:
                 self._started_done(execution.schedule_id)
         self._counts["claimed"] += len(started)
         self._counts["not_claimed"] += len(by_id) - len(started)
-        return claimed
+        return claimed, lease_s
 
     # -- overlap ------------------------------------------------------------------------------
 
@@ -431,17 +484,7 @@ class Dispatcher:
             if not await self._running_in_ledger(schedule_id):
                 self._release_held(schedule_id)
         if checked:
-            self._fetched.set()
-            self._fetched = trio.Event()
-
-    async def _attempt_lease_s(self, batch: list[Execution]) -> float:
-        longest = 0.0
-        for task_type in sorted({execution.task_type for execution in batch}):
-            try:
-                longest = max(longest, (await self._workers.task_type(task_type))[0].timeout_s)
-            except CarillonError:
-                longest = max(longest, 30.0)
-        return longest + ATTEMPT_LEASE_MARGIN_S
+            self._nudge()
 
     async def refresh_settings(self) -> None:
         """Apply the stored task-type caps and tenant weights and quotas."""
@@ -477,17 +520,37 @@ class Dispatcher:
                 await self._wake.wait()
 
     async def _dispatch_loop(self) -> None:
-        while True:
-            started = await self.dispatch()
-            if self._backlog and len(self.queue) < self.config.claim_batch:
-                self._wake.set()  # the ledger holds more startable work: fetch the next page
-            if started:
-                continue
-            wait_s = self.config.fetch_interval_s
-            upcoming = self.queue.next_due_at()
-            if upcoming is not None:
-                wait_s = min(wait_s, max((upcoming - self._monitor.now()).total_seconds(), 0))
-            if self._bucket is not None:
-                wait_s = min(wait_s, max(self._bucket.wait_s(self._clock.monotonic()), 0.001))
-            with trio.move_on_after(max(wait_s, 0.001) if math.isfinite(wait_s) else 1.0):
-                await self._fetched.wait()
+        batches, claims = trio.open_memory_channel[list[Execution]](0)
+        async with trio.open_nursery() as nursery:
+            for _ in range(CLAIMERS):
+                nursery.start_soon(self._claimer, claims)
+            while True:
+                # Claim in batches worth a round trip: while the workers hold more than half
+                # their capacity, wait for some to finish (each finish nudges).
+                while self._workers.free - self._claiming < self._workers.capacity // 2:
+                    await self._fetched.wait()
+                batch = self._pop_batch()
+                if batch:
+                    admitted, _ = await self._admit_batch(batch)
+                    if admitted:
+                        await batches.send(admitted)
+                if self._backlog and len(self.queue) < self.config.claim_batch:
+                    self._wake.set()  # the ledger holds more startable work: fetch the next page
+                if batch:
+                    continue
+                await self._wait_for_work()
+
+    async def _claimer(self, claims: trio.MemoryReceiveChannel[list[Execution]]) -> None:
+        async for admitted in claims:
+            await self._claim_and_submit(admitted)
+            self._nudge()  # fewer claimed than admitted leaves room
+
+    async def _wait_for_work(self) -> None:
+        wait_s = self.config.fetch_interval_s
+        upcoming = self.queue.next_due_at()
+        if upcoming is not None:
+            wait_s = min(wait_s, max((upcoming - self._monitor.now()).total_seconds(), 0))
+        if self._bucket is not None:
+            wait_s = min(wait_s, max(self._bucket.wait_s(self._clock.monotonic()), 0.001))
+        with trio.move_on_after(max(wait_s, 0.001) if math.isfinite(wait_s) else 1.0):
+            await self._fetched.wait()

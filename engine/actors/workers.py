@@ -1,21 +1,34 @@
 """A bounded pool of workers that run claimed executions through their task type's handler.
 
-Each worker takes one claimed execution at a time from a bounded channel (the dispatcher
-waits when every worker is busy: backpressure), builds the :class:`ExecutionContext` (the
-execution id is the idempotency key), runs the task type's handler under the task type's
-timeout, decides the execution's fate with :func:`~engine.core.retry_policy.decide`, and
-hands the completion to the batched :class:`~engine.actors.completions.CompletionWriter`.
+Each worker takes one claimed execution at a time from a bounded channel, builds the
+:class:`ExecutionContext` (the execution id is the idempotency key), runs the task type's
+handler under the task type's timeout, decides the execution's fate with
+:func:`~engine.core.retry_policy.decide`, and hands the completion to the batched
+:class:`~engine.actors.completions.CompletionWriter`.
 
-Task types and schedules are read from the ledger and cached for ``cache_ttl_s`` (a change
-reaches the workers within that time); the :class:`ScheduleCache` is shared with the
-dispatcher, which reads each schedule's overlap policy from it. A task type that cannot be
-read or built fails the attempt as *unknown* -- retried a few times, then dead-lettered --
-rather than crashing the worker.
+The pool holds at most :attr:`WorkerPool.capacity` claimed executions: one per worker plus a
+hand-off of claimed ones waiting for a worker, so the dispatcher claims the next batch while
+this one runs. The dispatcher claims no more than :attr:`WorkerPool.free` (backpressure).
+
+**Attempt leases.** Every claimed execution carries an attempt lease; if it runs out, the
+redeliverer of the partition's owner re-queues the execution for another attempt. While
+the pool holds an execution -- waiting or running -- it renews the lease once a third of it
+has passed (:meth:`WorkerPool.renew_attempt_leases`, fenced like every write), so a long
+handler keeps its attempt. An attempt the ledger no longer has running under this number
+(re-queued after all, completed elsewhere), or one of a partition this node no longer
+owns, is *abandoned*: its handler is cancelled, or it never starts, and no completion is
+written -- the attempt that replaced it is the one that counts.
+
+Task types are read from the ledger and cached for ``cache_ttl_s`` (a change reaches the
+workers within that time), schedules through the node's shared
+:class:`~engine.actors.schedule_cache.ScheduleCache`. A task type that cannot be read or
+built fails the attempt as *unknown* -- retried a few times, then dead-lettered -- rather
+than crashing the worker.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import logging
 import random
 from collections.abc import Callable
@@ -26,12 +39,23 @@ import msgspec
 import trio
 
 from engine.actors.completions import CompletionWriter
+from engine.actors.partitions import PartitionTable
+from engine.actors.retry import retry_unavailable
+from engine.actors.schedule_cache import ScheduleCache
 from engine.clock import Clock
 from engine.core.retry_policy import RetryPolicy, decide
-from engine.errors import CarillonError, NotFound
+from engine.errors import CarillonError, LeaseLost
 from engine.handlers import ExecutionContext, Handler, HandlerOptions, HandlerResult, build_handler
-from engine.ledger.base import Completion, Ledger, Outcome
-from engine.model import Execution, Schedule, TaskType
+from engine.ledger.base import (
+    BATCH_ROWS_MAX,
+    AttemptRef,
+    Completion,
+    ExecutionsExtend,
+    Fence,
+    Ledger,
+    Outcome,
+)
+from engine.model import Execution, TaskType
 
 log = logging.getLogger("carillon.workers")
 
@@ -39,20 +63,33 @@ WORKERS_DEFAULT: Final = 32
 CACHE_TTL_S_DEFAULT: Final = 10.0
 TIMEOUT_GRACE_S: Final = 5.0
 """Extra time a handler gets beyond its task type's timeout before the worker abandons it."""
-SCHEDULE_CACHE_MAX: Final = 100_000
-"""Schedules cached at most; when full, the cache starts over (they are read again)."""
-PREFETCH_CONCURRENCY: Final = 32
-"""Schedule reads in flight at once when a batch's schedules are read ahead."""
+RENEW_CHECK_S_DEFAULT: Final = 5.0
+"""How often the attempt leases of the executions held here are looked at."""
+RENEW_AFTER_FRACTION: Final = 1 / 3
+"""An attempt lease is renewed once this share of it has passed: two renewals in a row can
+fail (a database blip) before it runs out."""
+_OUTCOMES: Final = {str(outcome): outcome for outcome in Outcome}
 
 
 class WorkerPoolConfig(msgspec.Struct, frozen=True):
     workers: int = WORKERS_DEFAULT
     cache_ttl_s: float = CACHE_TTL_S_DEFAULT
+    handoff_max: int | None = None
+    """Claimed executions waiting for a free worker at most (``None``: as many as there are
+    workers). They let the dispatcher claim the next batch while the workers run this one;
+    their attempt leases are renewed while they wait."""
+    renew_check_s: float = RENEW_CHECK_S_DEFAULT
 
 
 class WorkerStatistics(msgspec.Struct, frozen=True):
     busy: int
     finished: dict[str, int]
+    waiting: int = 0
+    """Claimed executions handed over and waiting for a free worker."""
+    renewed: int = 0
+    """Attempt leases renewed."""
+    abandoned: int = 0
+    """Attempts given up because this node no longer held them."""
 
 
 class Work(msgspec.Struct, frozen=True):
@@ -60,60 +97,29 @@ class Work(msgspec.Struct, frozen=True):
 
     execution: Execution
     partition_id: int
+    attempt_lease_s: float = 60.0
+    """The attempt lease it was claimed with, renewed at the same length."""
 
 
-class ScheduleCache:
-    """Schedules by id, read through the ledger and kept for ``ttl_s``.
+class _Held:
+    """A claimed execution this pool holds, waiting or running."""
 
-    A deleted schedule is cached as ``None``. Read errors (``LedgerUnavailable``) propagate
-    and nothing is cached for them.
-    """
+    __slots__ = ("abandoned", "renewed_at", "scope", "work")
 
-    def __init__(
-        self, ledger: Ledger, clock: Clock, ttl_s: float, *, max_entries: int = SCHEDULE_CACHE_MAX
-    ) -> None:
-        self._ledger = ledger
-        self._clock = clock
-        self._ttl_s = ttl_s
-        self._max_entries = max_entries
-        self._entries: dict[str, tuple[float, Schedule | None]] = {}
+    def __init__(self, work: Work, now: float) -> None:
+        self.work = work
+        self.renewed_at = now
+        self.scope: trio.CancelScope | None = None
+        self.abandoned = False
 
-    async def get(self, schedule_id: str) -> Schedule | None:
-        """The schedule, or ``None`` if it is deleted (at most ``ttl_s`` old)."""
-        now = self._clock.monotonic()
-        cached = self._entries.get(schedule_id)
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        try:
-            schedule: Schedule | None = await self._ledger.schedules_get(schedule_id)
-        except NotFound:
-            schedule = None
-        if len(self._entries) >= self._max_entries:
-            self._entries.clear()
-        self._entries[schedule_id] = (now + self._ttl_s, schedule)
-        return schedule
 
-    async def prefetch(self, schedule_ids: list[str]) -> None:
-        """Read the listed schedules that are not cached, up to
-        :data:`PREFETCH_CONCURRENCY` at once; read errors are left for :meth:`get`."""
-        now = self._clock.monotonic()
-        missing = [
-            sid
-            for sid in dict.fromkeys(schedule_ids)
-            if (cached := self._entries.get(sid)) is None or cached[0] <= now
-        ]
-        if not missing:
-            return
-        limiter = trio.CapacityLimiter(PREFETCH_CONCURRENCY)
+class _Kind(msgspec.Struct, frozen=True):
+    """A task type as the workers use it, cached."""
 
-        async def read(schedule_id: str) -> None:
-            async with limiter:
-                with contextlib.suppress(CarillonError):  # get() will raise it again
-                    await self.get(schedule_id)
-
-        async with trio.open_nursery() as nursery:
-            for schedule_id in missing:
-                nursery.start_soon(read, schedule_id)
+    expires: float
+    task_type: TaskType
+    handler: Handler
+    policy: RetryPolicy
 
 
 class WorkerPool:
@@ -125,73 +131,114 @@ class WorkerPool:
         completions: CompletionWriter,
         options: HandlerOptions,
         rng: random.Random,
+        *,
+        table: PartitionTable,
         on_finished: Callable[[Execution], None] = lambda execution: None,
         on_retry: Callable[[datetime], None] = lambda at: None,
     ) -> None:
-        self._on_retry = on_retry
         self.config = config
         self._ledger = ledger
         self._clock = clock
         self._completions = completions
         self._options = options
         self._rng = rng
+        self._table = table
         self._on_finished = on_finished
-        self._send, self._receive = trio.open_memory_channel[Work](0)
-        self._task_types: dict[str, tuple[float, TaskType, Handler]] = {}
+        self._on_retry = on_retry
+        handoff = config.workers if config.handoff_max is None else config.handoff_max
+        self.capacity = config.workers + handoff
+        """Claimed executions this pool holds at most: running, or waiting for a worker."""
+        self._send, self._receive = trio.open_memory_channel[Work](handoff)
+        self._held: dict[tuple[str, int], _Held] = {}
+        self._kinds: dict[str, _Kind] = {}
         self.schedules = ScheduleCache(ledger, clock, config.cache_ttl_s)
         self._busy = 0
         self._finished: dict[str, int] = {}
+        self._counts = {"renewed": 0, "abandoned": 0}
+
+    @property
+    def free(self) -> int:
+        """How many more claimed executions :meth:`submit` takes without waiting."""
+        return self.capacity - len(self._held)
 
     async def submit(self, work: Work) -> None:
-        """Hand a claimed execution to a free worker (waits until one is free)."""
-        await self._send.send(work)
+        """Hand a claimed execution to the workers; waits only when :attr:`free` is 0."""
+        key = (work.execution.execution_id, work.execution.attempt)
+        self._held[key] = _Held(work, self._clock.monotonic())
+        try:
+            try:
+                self._send.send_nowait(work)  # room is the rule: the dispatcher counts ``free``
+            except trio.WouldBlock:
+                await self._send.send(work)
+        except BaseException:
+            del self._held[key]
+            raise
 
     async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             for _ in range(self.config.workers):
                 nursery.start_soon(self._worker)
+            nursery.start_soon(self._renew_loop)
             task_status.started()
 
     def statistics(self) -> WorkerStatistics:
-        return WorkerStatistics(self._busy, dict(self._finished))
+        return WorkerStatistics(
+            self._busy,
+            dict(self._finished),
+            waiting=len(self._held) - self._busy,
+            renewed=self._counts["renewed"],
+            abandoned=self._counts["abandoned"],
+        )
 
     async def task_type(self, name: str) -> tuple[TaskType, Handler]:
         """The task type ``name`` and its handler, cached for ``cache_ttl_s``."""
+        kind = await self._kind(name)
+        return kind.task_type, kind.handler
+
+    async def _kind(self, name: str) -> _Kind:
         now = self._clock.monotonic()
-        cached = self._task_types.get(name)
-        if cached is not None and cached[0] > now:
-            return cached[1], cached[2]
+        cached = self._kinds.get(name)
+        if cached is not None and cached.expires > now:
+            return cached
         task_type = await self._ledger.task_types_get(name)
         handler = build_handler(
             task_type.kind, task_type.settings, options=self._options, clock=self._clock
         )
-        self._task_types[name] = (now + self.config.cache_ttl_s, task_type, handler)
-        return task_type, handler
+        policy = RetryPolicy(
+            max_attempts=task_type.max_attempts,
+            backoff_base_s=task_type.backoff_base_s,
+            backoff_max_s=task_type.backoff_max_s,
+        )
+        kind = _Kind(now + self.config.cache_ttl_s, task_type, handler, policy)
+        self._kinds[name] = kind
+        return kind
 
-    async def _payload(self, schedule_id: str) -> dict[str, Any]:
-        schedule = await self.schedules.get(schedule_id)
-        # Deleted while running: the attempt still gets its context.
-        return {} if schedule is None else schedule.payload
+    # -- running ------------------------------------------------------------------------------
 
     async def _worker(self) -> None:
         async for work in self._receive:
-            self._busy += 1
+            key = (work.execution.execution_id, work.execution.attempt)
+            held = self._held.get(key)
             try:
-                await self._execute(work)
+                if held is None or held.abandoned:
+                    continue  # given up while it waited: it never starts
+                self._busy += 1
+                try:
+                    with trio.CancelScope() as held.scope:
+                        await self._execute(work)
+                finally:
+                    self._busy -= 1
             finally:
-                self._busy -= 1
+                self._held.pop(key, None)
                 self._on_finished(work.execution)
 
     async def _execute(self, work: Work) -> None:
         execution = work.execution
         policy = RetryPolicy()
         try:
-            task_type, handler = await self.task_type(execution.task_type)
-            policy = RetryPolicy(
-                max_attempts=task_type.max_attempts,
-                backoff_base_s=task_type.backoff_base_s,
-                backoff_max_s=task_type.backoff_max_s,
-            )
+            kind = await self._kind(execution.task_type)
+            policy = kind.policy
+            schedule = await self.schedules.get(execution.schedule_id)
             context = ExecutionContext(
                 execution_id=execution.execution_id,
                 schedule_id=execution.schedule_id,
@@ -200,9 +247,10 @@ class WorkerPool:
                 planned_at=execution.planned_at,
                 attempt=execution.attempt,
                 fencing_token=execution.fencing_token or 0,
-                payload=await self._payload(execution.schedule_id),
+                # Deleted while it ran: the attempt still gets its context.
+                payload={} if schedule is None else schedule.payload,
             )
-            result = await self._run_handler(handler, context, task_type.timeout_s)
+            result = await self._run_handler(kind.handler, context, kind.task_type.timeout_s)
         except CarillonError as exc:
             log.error("execution %s cannot run: %s", execution.execution_id, exc)
             result = HandlerResult.unknown("setup_error", str(exc))
@@ -222,7 +270,7 @@ class WorkerPool:
             Completion(
                 execution.execution_id,
                 execution.attempt,
-                Outcome(decision.outcome),
+                _OUTCOMES[decision.outcome],
                 decision.not_before,
                 result.error_code,
                 result.error_message,
@@ -237,3 +285,83 @@ class WorkerPool:
         return HandlerResult.transient(
             "timeout", f"the handler did not return within {timeout_s:g} s"
         )
+
+    # -- attempt leases -----------------------------------------------------------------------
+
+    async def _renew_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.renew_check_s)
+            try:
+                await self.renew_attempt_leases()
+            except CarillonError as exc:
+                log.warning("renewing attempt leases failed (retried next round): %s", exc)
+
+    async def renew_attempt_leases(self) -> int:
+        """Renew the attempt leases of held executions a third of whose lease has passed;
+        abandon those this node no longer holds. Returns how many were renewed."""
+        now = self._clock.monotonic()
+        by_lease: dict[float, list[_Held]] = {}
+        for held in list(self._held.values()):
+            lease_s = held.work.attempt_lease_s
+            if not held.abandoned and now - held.renewed_at >= lease_s * RENEW_AFTER_FRACTION:
+                by_lease.setdefault(lease_s, []).append(held)
+        renewed = 0
+        for lease_s, group in by_lease.items():
+            for first in range(0, len(group), BATCH_ROWS_MAX):
+                renewed += await self._renew(lease_s, group[first : first + BATCH_ROWS_MAX], now)
+        return renewed
+
+    async def _renew(self, lease_s: float, group: list[_Held], now: float) -> int:
+        fences: dict[int, Fence] = {}
+        wanted: list[_Held] = []
+        for held in group:
+            owned = self._table.get(held.work.partition_id)
+            if owned is None:
+                self._abandon(held, "its partition is no longer owned here")
+                continue
+            fences[owned.fence.partition_id] = owned.fence
+            wanted.append(held)
+        while wanted:
+            params = ExecutionsExtend(
+                list(fences.values()),
+                [
+                    AttemptRef(h.work.execution.execution_id, h.work.execution.attempt)
+                    for h in wanted
+                ],
+                lease_s,
+            )
+            try:
+                extended = set(
+                    await retry_unavailable(
+                        functools.partial(self._ledger.executions_extend, params),
+                        rng=self._rng,
+                        log=log,
+                        what="renew attempt leases",
+                    )
+                )
+            except LeaseLost as exc:
+                lost = set(exc.partitions)
+                for held in wanted:
+                    if held.work.partition_id in lost:
+                        self._abandon(held, "its partition's lease was lost")
+                fences = {p: f for p, f in fences.items() if p not in lost}
+                wanted = [h for h in wanted if h.work.partition_id not in lost]
+                continue
+            for held in wanted:
+                if held.work.execution.execution_id in extended:
+                    held.renewed_at = now
+                else:
+                    self._abandon(held, "the ledger no longer has this attempt running")
+            self._counts["renewed"] += len(extended)
+            return len(extended)
+        return 0
+
+    def _abandon(self, held: _Held, why: str) -> None:
+        execution = held.work.execution
+        log.warning(
+            "attempt %d of %s abandoned: %s", execution.attempt, execution.execution_id, why
+        )
+        held.abandoned = True
+        self._counts["abandoned"] += 1
+        if held.scope is not None:
+            held.scope.cancel()

@@ -58,6 +58,10 @@ _HELP: Final = {
     "dispatch_rate_per_s": "starts per second across this node; 0 for no limit",
     "dispatch_burst": "starts allowed at once above the rate",
     "dispatch_smoothing_window_s": "spread the burst allowance over this many seconds",
+    "attempt_lease_s": (
+        "a claimed attempt stays this node's for this long, renewed while it runs; after a "
+        "crash its executions are re-queued within about this long"
+    ),
     "webhook_allow_cidrs": (
         "comma-separated CIDRs webhooks may reach although the SSRF guard refuses them, "
         "e.g. 127.0.0.0/8 for a local test receiver"

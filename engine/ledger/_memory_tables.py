@@ -11,11 +11,14 @@ Invariants
   grows, by one per acquisition.
 * :class:`ExecutionTable` indexes every stored execution by partition and by schedule, and
   keeps a second per-partition index of the non-terminal ones (the dispatch queue), so the
-  hot paths (due, claim, re-queue) never scan terminal history.
+  hot paths (due, claim, re-queue) never scan terminal history, and an index of the
+  running ones by task type (what a cluster-wide concurrency cap counts).
 * :class:`ChangeFeed` numbers changes 1, 2, 3 ... in the order they are appended, which is
   the order their transactions commit (the memory ledger runs one method at a time).
 * :class:`VersionedTable` gives a record version 1 when it is first stored and one more on
   every replacement; a write that expects another version changes nothing.
+* :class:`AuditLog` only grows; its events are numbered 1, 2, 3 ... in append order, which
+  is commit order, like the change feed.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import msgspec
 import trio
@@ -39,7 +42,7 @@ from engine.ledger.base import (
     ScheduleChange,
     decode_cursor,
 )
-from engine.model import Execution, ExecutionStatus, Lease, TaskType, Tenant
+from engine.model import AuditEvent, Execution, ExecutionStatus, Lease, TaskType, Tenant
 
 # --- validation helpers -------------------------------------------------------------------
 
@@ -168,6 +171,11 @@ def claimed(execution: Execution, token: int, now: datetime, lease: timedelta) -
         error_message=None,
         fencing_token=token,
     )
+
+
+def extended(execution: Execution, token: int, now: datetime, lease: timedelta) -> Execution:
+    """``running`` stays ``running``, its attempt lease renewed until ``now + lease``."""
+    return msgspec.structs.replace(execution, attempt_expires_at=now + lease, fencing_token=token)
 
 
 def finished(
@@ -359,6 +367,7 @@ class ExecutionTable:
         self._by_partition: dict[int, set[str]] = {}
         self._open_by_partition: dict[int, set[str]] = {}
         self._by_schedule: dict[str, set[str]] = {}
+        self._running_by_task_type: dict[str, set[str]] = {}
         self._order: list[str] | None = None
         """Every id by (planned_at, id), kept until an id is added or removed (a row's
         planned time never changes, so replacing a row keeps the order)."""
@@ -372,6 +381,10 @@ class ExecutionTable:
     def attempts(self, execution_id: str) -> list[Attempt]:
         return list(self._attempts.get(execution_id, ()))
 
+    def running_count(self, task_type: str) -> int:
+        """How many executions of ``task_type`` are ``running``, in every partition."""
+        return len(self._running_by_task_type.get(task_type, ()))
+
     def put(self, execution: Execution, attempt: Attempt | None = None) -> None:
         """Insert or replace ``execution``; append ``attempt`` to its history if given."""
         key = execution.execution_id
@@ -381,6 +394,10 @@ class ExecutionTable:
             raise AssertionError(f"execution {key} cannot move between partitions")
         if previous is None:
             self._order = None
+        else:
+            self._running_by_task_type.get(previous.task_type, set()).discard(key)
+        if execution.status is ExecutionStatus.RUNNING:
+            self._running_by_task_type.setdefault(execution.task_type, set()).add(key)
         self._rows[key] = execution
         self._by_partition.setdefault(partition, set()).add(key)
         self._by_schedule.setdefault(execution.schedule_id, set()).add(key)
@@ -401,6 +418,7 @@ class ExecutionTable:
         self._by_partition[partition].discard(execution_id)
         self._open_by_partition[partition].discard(execution_id)
         self._by_schedule[execution.schedule_id].discard(execution_id)
+        self._running_by_task_type.get(execution.task_type, set()).discard(execution_id)
 
     def open_in(self, partition_ids: Iterable[int]) -> list[Execution]:
         """Non-terminal executions of the partitions, by planned time then id."""
@@ -493,6 +511,10 @@ class VersionedTable(Generic[R]):
             raise NotFound(f"{self._what} {key!r} {self._absent}")
         return row
 
+    def find(self, key: str) -> R | None:
+        """The record, or ``None`` if absent."""
+        return self._rows.get(key)
+
     def rows(self) -> list[R]:
         return [self._rows[key] for key in sorted(self._rows)]
 
@@ -515,3 +537,41 @@ class VersionedTable(Generic[R]):
         row = self.get(key)
         del self._rows[key]
         return row
+
+
+# --- audit trail ----------------------------------------------------------------------------
+
+
+class AuditLog:
+    """The append-only audit trail: event ``n`` lives at index ``n - 1``."""
+
+    def __init__(self) -> None:
+        self._events: list[AuditEvent] = []
+
+    def append(
+        self, at: datetime, actor: str, action: str, target: str, details: dict[str, Any]
+    ) -> AuditEvent:
+        event = AuditEvent(
+            event_id=len(self._events) + 1,
+            at=at,
+            actor=actor,
+            action=action,
+            target=target,
+            # A JSON round trip, as Postgres stores it: the caller's dict cannot reach it.
+            details=msgspec.json.decode(msgspec.json.encode(details)),
+        )
+        self._events.append(event)
+        return event
+
+    def matching(
+        self, target: str | None, action: str | None, after_event_id: int | None, limit: int
+    ) -> list[AuditEvent]:
+        """Up to ``limit`` events after ``after_event_id`` with that target and action."""
+        found: list[AuditEvent] = []
+        for event in self._events[max(after_event_id or 0, 0) :]:
+            if target not in (None, event.target) or action not in (None, event.action):
+                continue
+            found.append(event)
+            if len(found) == limit:
+                break
+        return found

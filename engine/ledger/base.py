@@ -19,6 +19,9 @@ Design
 * **Atomicity.** Each method is one transaction: all of its rows change, or none do.
 * **Availability.** An unreachable, restarting or timed-out database raises
   :class:`~engine.errors.LedgerUnavailable`; callers retry with bounded backoff.
+* **Audit.** Operator actions that change executions (dead-letter replay) name their actor
+  and append to an append-only audit trail in the same transaction (:meth:`Ledger.
+  audit_list`).
 * **Bounds.** Every batch has a limit (:data:`BATCH_ROWS_MAX`, page sizes); asking for more
   raises :class:`~engine.errors.InvalidField`.
 """
@@ -33,6 +36,7 @@ import msgspec
 
 from engine.errors import InvalidField
 from engine.model import (
+    AuditEvent,
     Execution,
     ExecutionStatus,
     Lease,
@@ -208,10 +212,28 @@ class PlanResult(msgspec.Struct, frozen=True):
     """Schedule ids not advanced: updated, deleted or moved since the planner read them."""
 
 
+class DueCursor(msgspec.Struct, frozen=True):
+    """A position in :meth:`Ledger.executions_due` order: the instant an execution may
+    start (its planned time; a failed one's retry time) and its id."""
+
+    startable_at: datetime
+    execution_id: str
+
+
+def due_cursor(execution: Execution) -> DueCursor:
+    """The position of ``execution`` in :meth:`Ledger.executions_due` order."""
+    at = execution.planned_at
+    if execution.status is ExecutionStatus.FAILED and execution.not_before is not None:
+        at = execution.not_before
+    return DueCursor(at, execution.execution_id)
+
+
 class ExecutionsDue(msgspec.Struct, frozen=True):
     partition_ids: list[int]
     before: datetime
     limit: int = PAGE_SIZE_MAX
+    after: DueCursor | None = None
+    """Only executions after this position (keyset paging through a backlog)."""
 
 
 class ExecutionsClaim(msgspec.Struct, frozen=True):
@@ -219,6 +241,21 @@ class ExecutionsClaim(msgspec.Struct, frozen=True):
     execution_ids: list[str]
     attempt_lease_s: float
     node_id: str
+
+
+class AttemptRef(msgspec.Struct, frozen=True):
+    """One attempt of an execution: the execution's id and the attempt's number."""
+
+    execution_id: str
+    attempt: int
+
+
+class ExecutionsExtend(msgspec.Struct, frozen=True):
+    """Renew the attempt leases of attempts still running (a worker's heartbeat)."""
+
+    fences: list[Fence]
+    attempts: list[AttemptRef]
+    attempt_lease_s: float
 
 
 class Outcome(enum.StrEnum):
@@ -278,7 +315,22 @@ class ExecutionsSkip(msgspec.Struct, frozen=True):
 
 
 class DeadLettersReplay(msgspec.Struct, frozen=True):
+    """Replay dead letters, on behalf of ``actor`` (recorded in the audit trail with
+    ``reason``; see :func:`~engine.model.validate_actor` and :func:`~engine.model.
+    validate_reason`)."""
+
     execution_ids: list[str]
+    actor: str
+    reason: str | None = None
+
+
+class AuditQuery(msgspec.Struct, frozen=True):
+    """Audit events matching every given filter, after ``after_event_id`` (a watermark)."""
+
+    target: str | None = None
+    action: str | None = None
+    after_event_id: int | None = None
+    limit: int = 100
 
 
 class ExecutionsPurge(msgspec.Struct, frozen=True):
@@ -364,6 +416,12 @@ class Ledger(Protocol):
 
     async def schedules_get(self, schedule_id: str) -> Schedule:
         """The schedule; ``NotFound`` if absent or deleted."""
+        ...
+
+    async def schedules_get_many(self, schedule_ids: list[str]) -> dict[str, Schedule]:
+        """The live schedules among ``schedule_ids`` (at most :data:`PAGE_SIZE_MAX` ids), by
+        id; absent or deleted ones are simply missing. One round trip: what the dispatcher
+        uses to read a claim batch's schedules."""
         ...
 
     async def schedules_list(self, params: SchedulesList) -> Page[Schedule]:
@@ -507,7 +565,8 @@ class Ledger(Protocol):
     async def executions_due(self, params: ExecutionsDue) -> list[Execution]:
         """Executions of the partitions that may start by ``before``: ``queued`` with
         ``planned_at <= before``, or ``failed`` with ``not_before <= before``; ordered by
-        planned time, then id; at most ``limit``."""
+        the instant they may start (:func:`due_cursor`), then id, beginning after
+        ``after`` when given; at most ``limit``."""
         ...
 
     async def executions_claim(self, params: ExecutionsClaim) -> list[Execution]:
@@ -515,7 +574,30 @@ class Ledger(Protocol):
         with ``before`` = ledger now): status ``running``, ``attempt`` + 1, ``started_at``
         = now, attempt lease until now + ``attempt_lease_s``. Others are left alone and not
         returned. Fenced: ``LeaseLost`` if any fence fails, and every id must belong to a
-        fenced partition (``InvalidField`` otherwise)."""
+        fenced partition (``InvalidField`` otherwise).
+
+        **Cluster caps.** An execution whose task type has ``max_concurrency_cluster`` C
+        starts only while fewer than C executions of that type are ``running`` in the whole
+        cluster (every partition, every node; an attempt whose lease ran out counts until it
+        is re-queued). Of several in one call, at most C minus those running start, in the
+        order the ids are given; the rest stay queued and are not returned, like any other
+        id that cannot start. Concurrent claims from other nodes never take a type past its
+        cap together: the count and the claim are atomic per task type. A cap (or a change
+        of it) binds the claims that begin after it is stored; executions of a task type
+        without a cap, or of one that no longer exists, are claimed without counting.
+        """
+        ...
+
+    async def executions_extend(self, params: ExecutionsExtend) -> list[str]:
+        """Renew attempt leases: each listed execution that is ``running`` under exactly the
+        given ``attempt`` gets ``attempt_expires_at`` = now + ``attempt_lease_s`` (which may
+        also shorten it) and the fence's token. Returns the ids extended, in the order given,
+        without repeats; others -- finished, re-queued, running under another attempt,
+        unknown -- are left alone, so a worker whose attempt was taken from it learns so
+        here. Workers call it every few seconds while a long handler runs, so that
+        :meth:`executions_requeue_expired` never re-queues a live attempt. Fenced like claim;
+        ``InvalidField`` for more than :data:`BATCH_ROWS_MAX` attempts or an
+        ``attempt_lease_s`` that is not a positive number of seconds."""
         ...
 
     async def executions_complete(self, params: ExecutionsComplete) -> CompleteResult:
@@ -553,8 +635,26 @@ class Ledger(Protocol):
 
     async def dead_letters_replay(self, params: DeadLettersReplay) -> list[str]:
         """Put dead letters back to ``queued`` under the same id (history kept; the next
-        claim starts the next attempt number); returns the ids replayed. Others are
-        ignored."""
+        claim starts the next attempt number); returns the ids replayed, in the order
+        given, without repeats. Others are ignored.
+
+        Audited: in the same transaction, one :class:`~engine.model.AuditEvent` per replayed
+        execution is appended (action ``dead_letter.replay``, target its id, ``actor``, and
+        details ``reason``, ``attempt`` and the ``error_code`` it was dead-lettered with), in
+        the order the ids are given. ``InvalidField`` -- and nothing changes -- for a
+        malformed ``actor`` or ``reason`` or more than :data:`BATCH_ROWS_MAX` ids. Not
+        fenced: an operator's action that any node may serve.
+        """
+        ...
+
+    async def audit_list(self, params: AuditQuery) -> list[AuditEvent]:
+        """Audit events with ``event_id > after_event_id`` matching every given filter, by
+        ``event_id``, at most ``limit`` (1..:data:`PAGE_SIZE_MAX`, else ``InvalidField``).
+
+        The trail is append-only, and ``event_id`` follows commit order: once an event is
+        returned, no event with a smaller id can appear later, so a reader may keep the
+        last id it saw as a watermark and pass it back as ``after_event_id``.
+        """
         ...
 
     async def executions_purge(self, params: ExecutionsPurge) -> int:
@@ -582,7 +682,15 @@ def decode_cursor(cursor: str) -> list[Any]:
     return parts
 
 
-# --- errors both backends word the same way ------------------------------------------------
+# --- records and errors both backends make the same way --------------------------------------
+
+
+def replay_audit_details(
+    reason: str | None, attempt: int, error_code: str | None
+) -> dict[str, Any]:
+    """The ``details`` of a ``dead_letter.replay`` audit event."""
+    return {"reason": reason, "attempt": attempt, "error_code": error_code}
+
 
 IN_USE_SHOWN_MAX: Final = 5
 """How many schedule ids a refused task-type delete names."""

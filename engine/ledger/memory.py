@@ -19,6 +19,13 @@ Design
   order: listings are sorted and batches are processed in the order given.
 * **Soft delete.** A deleted schedule leaves the live table for a tombstone table; its id
   may be created again, and planning inserts executions only for live schedules.
+* **Cluster caps.** A claim counts the running executions of a capped task type from an
+  index kept by the execution table, so uncapped task types cost a dictionary lookup.
+* **Layout.** This module keeps schedules, planning and dispatch; two mixins of this class
+  hold the rest: :mod:`engine.ledger._memory_cluster` (clock, settings, leases, membership)
+  and :mod:`engine.ledger._memory_admin` (task types, tenants, execution reads, dead-letter
+  replay, the audit trail). The tables and row transitions are in
+  :mod:`engine.ledger._memory_tables`.
 
 Invariants
 ----------
@@ -27,6 +34,7 @@ Invariants
 * ``attempt_expires_at`` is set exactly while an execution is ``running``; ``finished_at``
   exactly while it is terminal.
 * Terminal executions never change again, except a dead letter that is replayed.
+* No claim takes a task type past its ``max_concurrency_cluster`` running executions.
 * Every live schedule names a stored task type (deleted schedules need not).
 """
 
@@ -43,7 +51,10 @@ from engine.clock import Clock
 from engine.core.hashing import partition_of
 from engine.errors import AlreadyExists, ConfigError, InvalidField, NotFound, VersionConflict
 from engine.ledger import _memory_tables as transitions
+from engine.ledger._memory_admin import AdminMethods
+from engine.ledger._memory_cluster import ClusterMethods
 from engine.ledger._memory_tables import (
+    AuditLog,
     ChangeFeed,
     ExecutionTable,
     LeaseTable,
@@ -54,7 +65,6 @@ from engine.ledger._memory_tables import (
     check_batch,
     check_limit,
     decode_id_cursor,
-    decode_planned_cursor,
     partition_of_row,
     seconds,
 )
@@ -64,23 +74,17 @@ from engine.ledger.base import (
     ChangeKind,
     ClusterSettings,
     CompleteResult,
-    DeadLettersReplay,
-    ExecutionDetail,
     ExecutionsClaim,
     ExecutionsComplete,
     ExecutionsDue,
+    ExecutionsExtend,
     ExecutionsPlan,
     ExecutionsPurge,
-    ExecutionsQuery,
     ExecutionsRequeueExpired,
     ExecutionsSkip,
     Fence,
-    LeasesAcquire,
-    LeasesRelease,
-    LeasesRenew,
     Ledger,
     NodeInfo,
-    NodesHeartbeat,
     Outcome,
     Page,
     PlannedExecution,
@@ -92,16 +96,13 @@ from engine.ledger.base import (
     SchedulesDelete,
     SchedulesList,
     SchedulesUpdate,
-    TaskTypesPut,
-    TenantsPut,
+    due_cursor,
     encode_cursor,
-    task_type_in_use,
     unknown_task_types,
 )
 from engine.model import (
     Execution,
     ExecutionStatus,
-    Lease,
     PlannerCheckpoint,
     Schedule,
     TaskType,
@@ -110,8 +111,6 @@ from engine.model import (
     execution_id,
     parse_execution_id,
     validate_identifier,
-    validate_task_type,
-    validate_tenant,
 )
 
 REGION_EPOCH_INITIAL = 1
@@ -121,7 +120,7 @@ _PURGEABLE = frozenset({ExecutionStatus.SUCCEEDED, ExecutionStatus.SKIPPED})
 _NOT_STARTED = frozenset({ExecutionStatus.QUEUED, ExecutionStatus.FAILED})
 
 
-class MemoryLedger:
+class MemoryLedger(ClusterMethods, AdminMethods):
     """The ledger contract in process memory, on an injected clock.
 
     ``partition_count`` and ``active_region`` are the cluster settings a ``migrate`` would
@@ -153,6 +152,7 @@ class MemoryLedger:
         self._tenants = VersionedTable[Tenant](
             "tenant", absent="has no stored settings (it has the defaults)"
         )
+        self._audit = AuditLog()
 
     def _now(self) -> datetime:
         now = self._clock.now()
@@ -162,16 +162,6 @@ class MemoryLedger:
 
     def _partition(self, schedule_id: str) -> int:
         return partition_of(schedule_id, self._settings.partition_count)
-
-    # cluster ---------------------------------------------------------------------------------
-
-    async def database_now(self) -> datetime:
-        await trio.lowlevel.checkpoint()
-        return self._now()
-
-    async def cluster_get(self) -> ClusterSettings:
-        await trio.lowlevel.checkpoint()
-        return self._settings
 
     # schedules -------------------------------------------------------------------------------
 
@@ -250,6 +240,13 @@ class MemoryLedger:
         await trio.lowlevel.checkpoint()
         return self._live_schedule(schedule_id)
 
+    async def schedules_get_many(self, schedule_ids: list[str]) -> dict[str, Schedule]:
+        await trio.lowlevel.checkpoint()
+        if schedule_ids:
+            check_limit(len(schedule_ids), PAGE_SIZE_MAX, field="schedule_ids")
+        found = (self._schedules.get(schedule_id) for schedule_id in schedule_ids)
+        return {schedule.schedule_id: schedule for schedule in found if schedule is not None}
+
     async def schedules_list(self, params: SchedulesList) -> Page[Schedule]:
         await trio.lowlevel.checkpoint()
         check_limit(params.limit, PAGE_SIZE_MAX)
@@ -302,99 +299,6 @@ class MemoryLedger:
         unknown = sorted({s.task_type for s in schedules if s.task_type not in self._task_types})
         if unknown:
             raise unknown_task_types(unknown)
-
-    # task types and tenants ----------------------------------------------------------------
-
-    async def task_types_put(self, params: TaskTypesPut) -> TaskType:
-        await trio.lowlevel.checkpoint()
-        task_type = validate_task_type(params.task_type)
-        # Stored as a JSON round trip, as Postgres stores it: later changes to the caller's
-        # dict cannot reach the ledger, and what is read back is what JSON can carry.
-        settings = msgspec.json.decode(msgspec.json.encode(task_type.settings))
-        task_type = msgspec.structs.replace(task_type, settings=settings)
-        return self._task_types.put(task_type.name, task_type, params.expected_version, self._now())
-
-    async def task_types_get(self, name: str) -> TaskType:
-        await trio.lowlevel.checkpoint()
-        return self._task_types.get(name)
-
-    async def task_types_list(self) -> list[TaskType]:
-        await trio.lowlevel.checkpoint()
-        return self._task_types.rows()
-
-    async def task_types_delete(self, name: str) -> TaskType:
-        await trio.lowlevel.checkpoint()
-        self._task_types.get(name)
-        users = sorted(key for key, s in self._schedules.items() if s.task_type == name)
-        if users:
-            raise task_type_in_use(name, len(users), users)
-        return self._task_types.delete(name)
-
-    async def tenants_put(self, params: TenantsPut) -> Tenant:
-        await trio.lowlevel.checkpoint()
-        tenant = validate_tenant(params.tenant)
-        return self._tenants.put(tenant.tenant_id, tenant, params.expected_version, self._now())
-
-    async def tenants_get(self, tenant_id: str) -> Tenant:
-        await trio.lowlevel.checkpoint()
-        return self._tenants.get(tenant_id)
-
-    async def tenants_list(self) -> list[Tenant]:
-        await trio.lowlevel.checkpoint()
-        return self._tenants.rows()
-
-    # leases and membership -------------------------------------------------------------------
-
-    async def leases_acquire(self, params: LeasesAcquire) -> list[Lease]:
-        await trio.lowlevel.checkpoint()
-        if not params.owner_id:
-            raise InvalidField("owner_id must not be empty")
-        ttl = seconds(params.ttl_s, field="ttl_s")
-        partitions = self._leases.check_partitions(params.partition_ids)
-        return self._leases.acquire(params.owner_id, partitions, ttl, self._now())
-
-    async def leases_renew(self, params: LeasesRenew) -> list[Lease]:
-        await trio.lowlevel.checkpoint()
-        ttl = seconds(params.ttl_s, field="ttl_s")
-        return self._leases.renew(params.fences, ttl, self._now())
-
-    async def leases_release(self, params: LeasesRelease) -> int:
-        await trio.lowlevel.checkpoint()
-        return self._leases.release(params.fences, self._now())
-
-    async def leases_list(self) -> list[Lease]:
-        await trio.lowlevel.checkpoint()
-        return self._leases.rows()
-
-    async def nodes_heartbeat(self, params: NodesHeartbeat) -> NodeInfo:
-        await trio.lowlevel.checkpoint()
-        if not params.node_id:
-            raise InvalidField("node_id must not be empty")
-        ttl = seconds(params.ttl_s, field="ttl_s")
-        now = self._now()
-        previous = self._nodes.get(params.node_id)
-        # A node that lets its row expire has been judged dead; its next heartbeat is a rejoin.
-        alive = previous is not None and previous.expires_at > now
-        node = NodeInfo(
-            node_id=params.node_id,
-            region=params.region,
-            started_at=previous.started_at if alive and previous is not None else now,
-            last_seen_at=now,
-            expires_at=now + ttl,
-        )
-        self._nodes[params.node_id] = node
-        return node
-
-    async def nodes_live(self) -> list[NodeInfo]:
-        await trio.lowlevel.checkpoint()
-        now = self._now()
-        return [
-            self._nodes[key] for key in sorted(self._nodes) if self._nodes[key].expires_at > now
-        ]
-
-    async def nodes_leave(self, node_id: str) -> None:
-        await trio.lowlevel.checkpoint()
-        self._nodes.pop(node_id, None)
 
     # planning --------------------------------------------------------------------------------
 
@@ -483,13 +387,20 @@ class MemoryLedger:
         await trio.lowlevel.checkpoint()
         check_limit(params.limit, PAGE_SIZE_MAX)
         before = as_utc(params.before, field="before")
-        due = []
+        after = params.after
+        rows = []
         for execution in self._executions.open_in(params.partition_ids):
-            if transitions.is_startable(execution, before):
-                due.append(execution)
-                if len(due) == params.limit:
-                    break
-        return due
+            if not transitions.is_startable(execution, before):
+                continue
+            cursor = due_cursor(execution)
+            key = (cursor.startable_at, cursor.execution_id)
+            if after is None or key > (
+                as_utc(after.startable_at, field="after"),
+                after.execution_id,
+            ):
+                rows.append((key, execution))
+        rows.sort(key=lambda row: row[0])
+        return [execution for _, execution in rows[: params.limit]]
 
     async def executions_claim(self, params: ExecutionsClaim) -> list[Execution]:
         await trio.lowlevel.checkpoint()
@@ -498,16 +409,61 @@ class MemoryLedger:
         self._require_fenced_ids(params.execution_ids, params.fences)
         now = self._now()
         tokens = self._leases.require(params.fences, now)
+        room: dict[str, int | None] = {}
         started = []
         for key in dict.fromkeys(params.execution_ids):
             execution = self._executions.get(key)
-            if execution is None or not transitions.is_startable(execution, now):
+            if (
+                execution is None
+                or not transitions.is_startable(execution, now)
+                or not self._take_cap_slot(execution.task_type, room)
+            ):
                 continue
             token = tokens[partition_of_row(execution)]
             running = transitions.claimed(execution, token, now, lease)
             self._executions.put(running)
             started.append(running)
         return sorted(started, key=by_planned_time)
+
+    def _take_cap_slot(self, task_type: str, room: dict[str, int | None]) -> bool:
+        """Whether one more execution of ``task_type`` may start under its cluster cap, and
+        if so count it. ``room``: per task type met in this claim, the starts it has left
+        (``None``: no cap), worked out at its first execution, before any of them started."""
+        if task_type not in room:
+            stored = self._task_types.find(task_type)
+            cap = None if stored is None else stored.max_concurrency_cluster
+            room[task_type] = (
+                None if cap is None else cap - self._executions.running_count(task_type)
+            )
+        left = room[task_type]
+        if left is None:
+            return True
+        if left <= 0:
+            return False
+        room[task_type] = left - 1
+        return True
+
+    async def executions_extend(self, params: ExecutionsExtend) -> list[str]:
+        await trio.lowlevel.checkpoint()
+        check_batch(len(params.attempts), BATCH_ROWS_MAX, field="attempts")
+        lease = seconds(params.attempt_lease_s, field="attempt_lease_s")
+        self._require_fenced_ids([ref.execution_id for ref in params.attempts], params.fences)
+        now = self._now()
+        tokens = self._leases.require(params.fences, now)
+        extended: dict[str, None] = {}
+        for ref in params.attempts:
+            execution = self._executions.get(ref.execution_id)
+            if (
+                execution is None
+                or execution.status is not ExecutionStatus.RUNNING
+                or execution.attempt != ref.attempt
+                or ref.execution_id in extended
+            ):
+                continue
+            token = tokens[partition_of_row(execution)]
+            self._executions.put(transitions.extended(execution, token, now, lease))
+            extended[ref.execution_id] = None
+        return list(extended)
 
     async def executions_complete(self, params: ExecutionsComplete) -> CompleteResult:
         await trio.lowlevel.checkpoint()
@@ -574,63 +530,6 @@ class MemoryLedger:
                 requeued.append(execution.execution_id)
         return requeued
 
-    async def executions_get(self, execution_id: str) -> ExecutionDetail:
-        await trio.lowlevel.checkpoint()
-        execution = self._executions.get(execution_id)
-        if execution is None:
-            raise NotFound(f"execution {execution_id!r} does not exist")
-        return ExecutionDetail(
-            execution=execution, attempts=self._executions.attempts(execution_id)
-        )
-
-    async def executions_query(self, params: ExecutionsQuery) -> Page[Execution]:
-        await trio.lowlevel.checkpoint()
-        check_limit(params.limit, PAGE_SIZE_MAX)
-        after = None if params.cursor is None else decode_planned_cursor(params.cursor)
-        planned_from = as_utc_or_none(params.planned_from, field="planned_from")
-        planned_to = as_utc_or_none(params.planned_to, field="planned_to")
-        finished_from = as_utc_or_none(params.finished_from, field="finished_from")
-        candidates = (
-            self._executions.everything()
-            if params.schedule_id is None
-            else self._executions.of_schedule(params.schedule_id)
-        )
-        matching = []
-        for execution in candidates:
-            if (
-                (after is not None and by_planned_time(execution) <= after)
-                or params.tenant_id not in (None, execution.tenant_id)
-                or params.status not in (None, execution.status)
-                or (planned_from is not None and execution.planned_at < planned_from)
-                or (planned_to is not None and execution.planned_at >= planned_to)
-                or params.task_type not in (None, execution.task_type)
-                or (finished_from is not None and not _finished_since(execution, finished_from))
-            ):
-                continue
-            matching.append(execution)
-            if len(matching) > params.limit:
-                break
-        items = matching[: params.limit]
-        if len(matching) <= params.limit:
-            return Page(items=items, next_cursor=None)
-        last = items[-1]
-        return Page(
-            items=items,
-            next_cursor=encode_cursor(last.planned_at.isoformat(), last.execution_id),
-        )
-
-    async def dead_letters_replay(self, params: DeadLettersReplay) -> list[str]:
-        await trio.lowlevel.checkpoint()
-        check_batch(len(params.execution_ids), BATCH_ROWS_MAX, field="execution_ids")
-        now = self._now()
-        replayed = []
-        for key in dict.fromkeys(params.execution_ids):
-            execution = self._executions.get(key)
-            if execution is not None and execution.status is ExecutionStatus.DEAD_LETTER:
-                self._executions.put(transitions.replayed(execution, now))
-                replayed.append(key)
-        return replayed
-
     async def executions_purge(self, params: ExecutionsPurge) -> int:
         await trio.lowlevel.checkpoint()
         check_limit(params.limit, BATCH_ROWS_MAX)
@@ -669,7 +568,3 @@ class MemoryLedger:
 if TYPE_CHECKING:
     # mypy proves the class still satisfies the whole protocol whenever the contract grows.
     _CONFORMS: type[Ledger] = MemoryLedger
-
-
-def _finished_since(execution: Execution, instant: datetime) -> bool:
-    return execution.finished_at is not None and execution.finished_at >= instant

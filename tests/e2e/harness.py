@@ -124,9 +124,12 @@ def expected_signature(msg_id: str, timestamp: str, body: bytes) -> str:
     return "v1," + base64.b64encode(digest).decode()
 
 
-def node_config(node_id: str, *, allow_loopback: bool = True) -> NodeConfig:
+def node_config(
+    node_id: str, *, allow_loopback: bool = True, attempt_lease_s: float = 60.0
+) -> NodeConfig:
     return NodeConfig(
         node_id=node_id,
+        attempt_lease_s=attempt_lease_s,
         lease_ttl_s=3,
         lease_safety_margin_s=0.5,
         lookahead_s=1,
@@ -194,13 +197,18 @@ async def wait_for_execution(
 
 @asynccontextmanager
 async def running_node(
-    url: str, node_id: str = "e2e-a", *, allow_loopback: bool = True, seed: int = 1
+    url: str,
+    node_id: str = "e2e-a",
+    *,
+    allow_loopback: bool = True,
+    seed: int = 1,
+    attempt_lease_s: float = 60.0,
 ) -> AsyncIterator[tuple[Node, trio.CancelScope]]:
     """A real node on its own ledger connection; yields it and the scope that stops it
     (gracefully: leases released, running attempts left to their attempt lease)."""
     async with open_postgres_ledger(url) as ledger, trio.open_nursery() as nursery:
         node = Node(
-            node_config(node_id, allow_loopback=allow_loopback),
+            node_config(node_id, allow_loopback=allow_loopback, attempt_lease_s=attempt_lease_s),
             ledger,
             SystemClock(),
             random.Random(seed),

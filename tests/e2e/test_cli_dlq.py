@@ -1,4 +1,4 @@
-"""`carillon dlq list` and `carillon dlq replay` against a fresh, migrated database.
+"""`carillon dlq list|replay|audit` against a fresh, migrated database.
 
 Dead letters are made through the ledger itself, as a node would: plan, claim and complete
 with a fence.
@@ -14,8 +14,10 @@ import pytest
 import trio
 
 from engine.cli import main
+from engine.cli.dlq import cli_actor
 from engine.core.instants import format_utc
 from engine.ledger.base import (
+    AuditQuery,
     Completion,
     ExecutionsClaim,
     ExecutionsComplete,
@@ -40,6 +42,14 @@ LETTERS = [  # schedule id, tenant, task type
     ("bill-3", "globex", "billing"),
     ("mail-1", "acme", "mailer"),
 ]
+
+
+@pytest.fixture(autouse=True)
+def operator(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The CLI runs as ``alice`` on ``ops-1``; returns the actor it records."""
+    monkeypatch.setattr("getpass.getuser", lambda: "alice")
+    monkeypatch.setattr("socket.gethostname", lambda: "ops-1")
+    return "cli:alice@ops-1"
 
 
 @pytest.fixture
@@ -135,6 +145,13 @@ async def test_replay_by_id_requeues_under_the_same_id_and_names_what_it_skipped
     ]
     code, out, _ = await cli(capsys, url, "dlq", "replay", ids["bill-1"])  # again: harmless
     assert (code, out) == (0, "replayed 0 of 1 dead letters\n")
+    async with open_postgres_ledger(url) as ledger:
+        [event] = await ledger.audit_list(AuditQuery())  # only what was replayed is audited
+    assert (event.actor, event.target, event.details) == (
+        "cli:alice@ops-1",
+        ids["bill-1"],
+        {"reason": None, "attempt": 1, "error_code": "http_404"},
+    )
 
 
 async def test_replay_all_pages_through_every_match_of_its_filters(
@@ -155,6 +172,58 @@ async def test_replay_all_pages_through_every_match_of_its_filters(
     assert (code, out) == (0, "replayed 1 dead letter\n")
 
 
+async def test_replays_record_who_and_why_and_audit_lists_them_oldest_first(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with open_postgres_ledger(url) as ledger:
+        ids = await dead_letters(ledger, LETTERS)
+    reason = "billing API fixed (INC-42)"
+    code, out, _ = await cli(capsys, url, "dlq", "replay", ids["bill-2"], "--reason", reason)
+    assert (code, out) == (0, "replayed 1 of 1 dead letters\n")  # output unchanged
+    code, out, _ = await cli(
+        capsys, url, "dlq", "replay", "--all", "--tenant", "globex", "--reason", "bulk"
+    )
+    assert (code, out) == (0, "replayed 1 dead letter\n")
+    code, out, err = await cli(capsys, url, "dlq", "audit")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0].split() == ["EVENT", "AT", "ACTOR", "EXECUTION_ID", "ATTEMPT", "ERROR",
+                                "REASON"]  # fmt: skip
+    assert len(lines) == 3
+    first = lines[1].split()
+    assert first[2:6] == ["cli:alice@ops-1", ids["bill-2"], "1", "http_404"]
+    assert lines[1].endswith(reason)
+    assert lines[2].split()[3] == ids["bill-3"]
+    assert lines[2].endswith("bulk")
+    code, out, _ = await cli(capsys, url, "dlq", "audit", "--execution", ids["bill-3"], "--json")
+    assert code == 0
+    [event] = json.loads(out)
+    assert (event["actor"], event["action"], event["target"]) == (
+        "cli:alice@ops-1",
+        "dead_letter.replay",
+        ids["bill-3"],
+    )
+    assert event["details"] == {"reason": "bulk", "attempt": 1, "error_code": "http_404"}
+    code, out, err = await cli(capsys, url, "dlq", "audit", "--limit", "1")
+    assert code == 0
+    assert len(out.splitlines()) == 2
+    assert "more than 1 replays recorded" in err
+    code, out, _ = await cli(capsys, url, "dlq", "audit", "--execution", ids["mail-1"])
+    assert (code, out) == (0, "no replays recorded for that execution\n")
+
+
+def test_the_actor_is_the_os_user_at_the_host_or_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cli_actor() == "cli:alice@ops-1"
+
+    def no_user() -> str:
+        raise OSError("no login name")
+
+    monkeypatch.setattr("getpass.getuser", no_user)
+    assert cli_actor() == "cli:unknown@ops-1"
+    monkeypatch.setattr("socket.gethostname", lambda: "h" * 300)
+    assert len(cli_actor()) == 200
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -166,6 +235,9 @@ async def test_replay_all_pages_through_every_match_of_its_filters(
         (["list", "--since", "2026-03-08T07:00:00"], "has no UTC offset"),
         (["list", "--limit", "0"], "--limit must be between 1 and"),
         (["list", "--limit", "x"], "invalid int value"),
+        (["replay", "x:1", "--reason", " "], "reason must not be blank"),
+        (["replay", "x:1", "--reason", "r" * 1001], "at most 1000 are kept"),
+        (["audit", "--limit", "0"], "--limit must be between 1 and"),
     ],
 )
 async def test_bad_input_is_one_line_and_exit_code_2(

@@ -3,10 +3,10 @@ under the same idempotency key, and an idempotent receiver applies the effect on
 
 Node A takes the first delivery of the first execution; the receiver applies the effect and
 then never answers (the reply is lost). A is stopped while the handler hangs: its leases are
-released, but the attempt stays ``running`` until its attempt lease (the task type's timeout
-plus a margin, shortened here) expires. Node B takes the partitions over, its redeliverer
-re-queues the attempt, its workers deliver it again, and the receiver answers 200 without
-applying the effect a second time.
+released, but the attempt stays ``running`` until its attempt lease (shortened here; A no
+longer renews it) expires. Node B takes the partitions over, its redeliverer re-queues the
+attempt, its workers deliver it again, and the receiver answers 200 without applying the
+effect a second time.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from tests.ledger.backends import postgres_template_database
 pytestmark = pytest.mark.postgres
 
 TIMEOUT_S = 3.0
+ATTEMPT_LEASE_S = 4.0
+"""Short, so the lost attempt runs out soon; node A no longer renews it once stopped."""
 
 
 @pytest.fixture
@@ -39,10 +41,7 @@ async def url(database_url: str, postgres_template: str) -> AsyncIterator[str]:
         yield fresh
 
 
-async def test_an_attempt_lost_with_its_node_is_redelivered_and_applied_once(
-    url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr("engine.actors.dispatcher.ATTEMPT_LEASE_MARGIN_S", 1.0)
+async def test_an_attempt_lost_with_its_node_is_redelivered_and_applied_once(url: str) -> None:
     victim: list[str] = []
 
     def hang_first(delivery: Delivery, before: int) -> int:
@@ -54,7 +53,10 @@ async def test_an_attempt_lost_with_its_node_is_redelivered_and_applied_once(
     with Receiver(hang_first).running() as receiver:
         async with open_postgres_ledger(url) as ledger:
             schedule = await create_hook(ledger, receiver.url, timeout_s=TIMEOUT_S)
-            async with running_node(url, "e2e-a", seed=1) as (_, stop_a):
+            async with running_node(url, "e2e-a", seed=1, attempt_lease_s=ATTEMPT_LEASE_S) as (
+                _,
+                stop_a,
+            ):
                 with trio.fail_after(10):
                     while not victim:
                         await trio.sleep(0.05)
@@ -62,7 +64,10 @@ async def test_an_attempt_lost_with_its_node_is_redelivered_and_applied_once(
             [key] = victim
             lost = (await ledger.executions_get(key)).execution
             assert (lost.status, lost.attempt) == (ExecutionStatus.RUNNING, 1)
-            async with running_node(url, "e2e-b", seed=2) as (node_b, _):
+            async with running_node(url, "e2e-b", seed=2, attempt_lease_s=ATTEMPT_LEASE_S) as (
+                node_b,
+                _,
+            ):
                 done = await wait_for_execution(
                     ledger,
                     schedule.schedule_id,

@@ -25,12 +25,15 @@ from engine.errors import (
 from engine.ledger.base import (
     BATCH_ROWS_MAX,
     PAGE_SIZE_MAX,
+    AttemptRef,
+    AuditQuery,
     ChangeKind,
     Completion,
     DeadLettersReplay,
     ExecutionsClaim,
     ExecutionsComplete,
     ExecutionsDue,
+    ExecutionsExtend,
     ExecutionsPlan,
     ExecutionsPurge,
     ExecutionsQuery,
@@ -182,6 +185,18 @@ async def test_create_is_all_or_nothing_and_names_existing_ids(backend: Backend)
     assert raised.value.ids == ("a",)
     with pytest.raises(NotFound):
         await backend.ledger.schedules_get("b")
+
+
+async def test_get_many_returns_the_live_schedules_by_id(backend: Backend) -> None:
+    created = await backend.ledger.schedules_create(
+        SchedulesCreate([schedule("a"), schedule("b", payload={"n": 2}), schedule("c")])
+    )
+    await backend.ledger.schedules_delete(SchedulesDelete("c"))
+    found = await backend.ledger.schedules_get_many(["b", "missing", "c", "a", "b"])
+    assert found == {"a": created[0], "b": created[1]}
+    assert await backend.ledger.schedules_get_many([]) == {}
+    with pytest.raises(InvalidField):
+        await backend.ledger.schedules_get_many([f"s{n}" for n in range(PAGE_SIZE_MAX + 1)])
 
 
 async def test_payload_at_the_limit_is_stored_and_over_it_refused(backend: Backend) -> None:
@@ -859,7 +874,9 @@ async def test_failed_attempts_retry_after_not_before_then_dead_letter_and_repla
         ExecutionsQuery(status=ExecutionStatus.DEAD_LETTER)
     )
     assert [e.execution_id for e in letters.items] == [eid]
-    assert await backend.ledger.dead_letters_replay(DeadLettersReplay([eid, "nope:x"])) == [eid]
+    assert await backend.ledger.dead_letters_replay(
+        DeadLettersReplay([eid, "nope:x"], actor="ops")
+    ) == [eid]
     replayed = (await backend.ledger.executions_get(eid)).execution
     assert replayed.status is ExecutionStatus.QUEUED
     [third] = await backend.ledger.executions_claim(claim)
@@ -871,7 +888,7 @@ async def test_failed_attempts_retry_after_not_before_then_dead_letter_and_repla
         (2, "dead-letter", "http_404"),
     ]
     # Only dead letters are replayed.
-    assert await backend.ledger.dead_letters_replay(DeadLettersReplay([eid])) == []
+    assert await backend.ledger.dead_letters_replay(DeadLettersReplay([eid], actor="ops")) == []
 
 
 async def test_skip_ends_only_unstarted_executions_fenced_and_idempotently(
@@ -1105,3 +1122,256 @@ async def test_batches_over_the_limit_are_refused(backend: Backend) -> None:
         await backend.ledger.schedules_create(
             SchedulesCreate([schedule(f"s{n}") for n in range(BATCH_ROWS_MAX + 1)])
         )
+
+
+# --- attempt-lease renewal -------------------------------------------------------------------
+
+
+async def claim_now(
+    backend: Backend, fence: Fence, schedule_ids: list[str], lease_s: float
+) -> list[str]:
+    """Plan one fire of each schedule a second ago and claim them; their execution ids."""
+    at = (await backend.ledger.database_now()).replace(microsecond=0) - timedelta(seconds=1)
+    await planned(backend, fence, schedule_ids, at)
+    eids = [execution_id(s, at) for s in schedule_ids]
+    claimed = await backend.ledger.executions_claim(ExecutionsClaim([fence], eids, lease_s, "n"))
+    assert sorted(e.execution_id for e in claimed) == sorted(eids)
+    return eids
+
+
+async def test_an_extended_attempt_lease_outlives_its_old_expiry(backend: Backend) -> None:
+    [sid] = ids_in_partition(6, 1, prefix="long")
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+    fence = await own(backend, 6)
+    [eid] = await claim_now(backend, fence, [sid], lease_s=TTL_S)
+    running = (await backend.ledger.executions_get(eid)).execution
+    extend = ExecutionsExtend([fence], [AttemptRef(eid, running.attempt)], TTL_S * 2)
+    assert await backend.ledger.executions_extend(extend) == [eid]
+    extended = (await backend.ledger.executions_get(eid)).execution
+    assert running.attempt_expires_at is not None
+    assert extended.attempt_expires_at is not None
+    assert extended.attempt_expires_at - running.attempt_expires_at >= timedelta(seconds=TTL_S)
+    assert msgspec.structs.replace(extended, attempt_expires_at=running.attempt_expires_at) == (
+        running
+    )  # nothing else changed: same attempt, same start
+    requeue = ExecutionsRequeueExpired([fence])
+    await backend.advance(TTL_S + 0.1)  # past the old expiry, before the new one
+    assert await backend.ledger.executions_requeue_expired(requeue) == []
+    assert (await backend.ledger.executions_get(eid)).execution.status is ExecutionStatus.RUNNING
+    await backend.advance(TTL_S)  # past the new expiry: the worker stopped renewing
+    assert await backend.ledger.executions_requeue_expired(requeue) == [eid]
+    # The re-queued attempt can no longer be extended: its worker learns it lost it.
+    assert await backend.ledger.executions_extend(extend) == []
+    requeued = (await backend.ledger.executions_get(eid)).execution
+    assert (requeued.status, requeued.attempt_expires_at) == (ExecutionStatus.QUEUED, None)
+
+
+async def test_only_attempts_running_under_their_number_are_extended(backend: Backend) -> None:
+    sids = ids_in_partition(1, 4, prefix="ext")
+    [ghost] = ids_in_partition(1, 1, prefix="ghost")
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(s) for s in sids]))
+    fence = await own(backend, 1)
+    first, second, done = await claim_now(backend, fence, sids[:3], lease_s=30)
+    at = (await backend.ledger.database_now()).replace(microsecond=0) - timedelta(seconds=1)
+    await planned(backend, fence, sids[3:], at)
+    queued = execution_id(sids[3], at)
+    await backend.ledger.executions_complete(
+        ExecutionsComplete([fence], [Completion(done, 1, Outcome.SUCCEEDED)])
+    )
+    before = {
+        eid: (await backend.ledger.executions_get(eid)).execution
+        for eid in (first, second, done, queued)
+    }
+    refs = [
+        AttemptRef(second, 1),
+        AttemptRef(first, 2),  # another attempt
+        AttemptRef(done, 1),  # finished
+        AttemptRef(queued, 0),  # not started
+        AttemptRef(execution_id(ghost, at), 1),  # unknown
+        AttemptRef(first, 1),
+        AttemptRef(second, 1),  # repeated: extended once
+    ]
+    extended = await backend.ledger.executions_extend(ExecutionsExtend([fence], refs, 60))
+    assert extended == [second, first]  # in the order given, without repeats
+    for eid in (done, queued):
+        assert (await backend.ledger.executions_get(eid)).execution == before[eid]
+    for eid in (first, second):
+        row = (await backend.ledger.executions_get(eid)).execution
+        old = before[eid].attempt_expires_at
+        assert row.attempt_expires_at is not None
+        assert old is not None
+        assert row.attempt_expires_at > old
+    assert await backend.ledger.executions_extend(ExecutionsExtend([fence], [], 60)) == []
+    [elsewhere] = ids_in_partition(2, 1, prefix="ext")
+    for bad in (
+        ExecutionsExtend([fence], [AttemptRef(first, 1)], 0),
+        ExecutionsExtend([fence], [AttemptRef(first, 1)], -1),
+        ExecutionsExtend([fence], [AttemptRef(execution_id(elsewhere, at), 1)], 60),
+        ExecutionsExtend([fence], [AttemptRef(first, 1)] * (BATCH_ROWS_MAX + 1), 60),
+    ):
+        with pytest.raises(InvalidField):
+            await backend.ledger.executions_extend(bad)
+
+
+async def test_a_lost_fence_extends_nothing(backend: Backend) -> None:
+    [sid] = ids_in_partition(5, 1, prefix="ext")
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+    fence = await own(backend, 5)
+    [eid] = await claim_now(backend, fence, [sid], lease_s=30)
+    before = (await backend.ledger.executions_get(eid)).execution
+    stale = Fence(5, fence.owner_id, fence.fencing_token + 1)
+    with pytest.raises(LeaseLost) as raised:
+        await backend.ledger.executions_extend(ExecutionsExtend([stale], [AttemptRef(eid, 1)], 60))
+    assert raised.value.partitions == (5,)
+    await backend.ledger.leases_release(LeasesRelease([fence]))
+    await own(backend, 5, owner="node-b")
+    with pytest.raises(LeaseLost):
+        await backend.ledger.executions_extend(ExecutionsExtend([fence], [AttemptRef(eid, 1)], 60))
+    assert (await backend.ledger.executions_get(eid)).execution == before
+
+
+# --- dead-letter replay audit ----------------------------------------------------------------
+
+
+async def dead_lettered(
+    backend: Backend, fence: Fence, schedule_ids: list[str], error_codes: list[str]
+) -> list[str]:
+    """Dead-letter one fire of each schedule with its error code, after as many failed
+    attempts before it as its position in the list; their execution ids."""
+    eids = await claim_now(backend, fence, schedule_ids, lease_s=30)
+    for failures, (eid, code) in enumerate(zip(eids, error_codes, strict=True)):
+        for attempt in range(1, failures + 1):
+            await backend.ledger.executions_complete(
+                ExecutionsComplete([fence], [Completion(eid, attempt, Outcome.FAILED)])
+            )
+            await backend.ledger.executions_claim(ExecutionsClaim([fence], [eid], 30, "n"))
+        done = await backend.ledger.executions_complete(
+            ExecutionsComplete(
+                [fence], [Completion(eid, failures + 1, Outcome.DEAD_LETTER, error_code=code)]
+            )
+        )
+        assert done.applied == [eid]
+    return eids
+
+
+async def test_a_replay_is_audited_with_who_why_which_attempt_and_error(
+    backend: Backend,
+) -> None:
+    sids = ids_in_partition(3, 2, prefix="audit")
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(s) for s in sids]))
+    fence = await own(backend, 3)
+    first, second = await dead_lettered(backend, fence, sids, ["http_404", "http_410"])
+    assert await backend.ledger.audit_list(AuditQuery()) == []
+    before = await backend.ledger.database_now()
+    replay = DeadLettersReplay([second, "nope:x"], "cli:alice@ops-1", "the endpoint is back")
+    assert await backend.ledger.dead_letters_replay(replay) == [second]
+    anonymous = DeadLettersReplay([first, second, first], actor="retention-test")
+    assert await backend.ledger.dead_letters_replay(anonymous) == [first]
+    assert await backend.ledger.dead_letters_replay(anonymous) == []  # nothing left: no event
+    after = await backend.ledger.database_now()
+    events = await backend.ledger.audit_list(AuditQuery())
+    assert [(e.actor, e.action, e.target, e.details) for e in events] == [
+        (
+            "cli:alice@ops-1",
+            "dead_letter.replay",
+            second,
+            {"reason": "the endpoint is back", "attempt": 2, "error_code": "http_410"},
+        ),
+        (
+            "retention-test",
+            "dead_letter.replay",
+            first,
+            {"reason": None, "attempt": 1, "error_code": "http_404"},
+        ),
+    ]
+    assert events[0].event_id < events[1].event_id
+    assert all(before <= e.at <= after for e in events)
+    assert await backend.ledger.audit_list(AuditQuery(target=first)) == events[1:]
+    assert await backend.ledger.audit_list(AuditQuery(action="dead_letter.replay")) == events
+    assert await backend.ledger.audit_list(AuditQuery(action="schedule.delete")) == []
+    assert await backend.ledger.audit_list(AuditQuery(limit=1)) == events[:1]
+    watermark = AuditQuery(after_event_id=events[0].event_id)
+    assert await backend.ledger.audit_list(watermark) == events[1:]
+    assert await backend.ledger.audit_list(AuditQuery(after_event_id=events[1].event_id)) == []
+    for limit in (0, PAGE_SIZE_MAX + 1):
+        with pytest.raises(InvalidField):
+            await backend.ledger.audit_list(AuditQuery(limit=limit))
+
+
+async def test_a_replay_with_a_malformed_actor_or_reason_changes_nothing(
+    backend: Backend,
+) -> None:
+    [sid] = ids_in_partition(7, 1, prefix="audit")
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+    fence = await own(backend, 7)
+    [eid] = await dead_lettered(backend, fence, [sid], ["http_404"])
+    bad = [
+        DeadLettersReplay([eid], ""),
+        DeadLettersReplay([eid], " ops"),
+        DeadLettersReplay([eid], "ops\n"),
+        DeadLettersReplay([eid], "x" * 201),
+        DeadLettersReplay([eid], "ops", ""),
+        DeadLettersReplay([eid], "ops", "  "),
+        DeadLettersReplay([eid], "ops", "x" * 1001),
+        DeadLettersReplay([eid], "ops", "nul\x00byte"),
+        DeadLettersReplay([eid] * (BATCH_ROWS_MAX + 1), "ops"),
+    ]
+    for params in bad:
+        with pytest.raises(InvalidField):
+            await backend.ledger.dead_letters_replay(params)
+    assert (await backend.ledger.executions_get(eid)).execution.status is (
+        ExecutionStatus.DEAD_LETTER
+    )
+    assert await backend.ledger.audit_list(AuditQuery()) == []
+    longest = DeadLettersReplay([eid], "a" * 200, "line one\nline two\t" + "r" * 980)
+    assert await backend.ledger.dead_letters_replay(longest) == [eid]
+    [event] = await backend.ledger.audit_list(AuditQuery(target=eid))
+    assert (event.actor, event.details["reason"]) == (longest.actor, longest.reason)
+
+
+# --- cluster-wide concurrency caps -----------------------------------------------------------
+
+
+async def test_a_cluster_cap_starts_at_most_that_many_of_a_task_type(backend: Backend) -> None:
+    capped = TaskType(name="capped", kind=HandlerKind.NOOP, max_concurrency_cluster=2)
+    await backend.ledger.task_types_put(TaskTypesPut(capped))
+    mine = ids_in_partition(2, 5, prefix="cap")
+    [theirs] = ids_in_partition(3, 1, prefix="cap")
+    [free] = ids_in_partition(2, 1, prefix="free")
+    await backend.ledger.schedules_create(
+        SchedulesCreate(
+            [schedule(s, task_type="capped") for s in [*mine, theirs]] + [schedule(free)]
+        )
+    )
+    fence = await own(backend, 2, "node-a")
+    other = await own(backend, 3, "node-b")
+    at = (await backend.ledger.database_now()).replace(microsecond=0) - timedelta(seconds=1)
+    await planned(backend, fence, [*mine, free], at)
+    await planned(backend, other, [theirs], at)
+    # The order the ids are given in decides which start, not their planned order.
+    given = sorted((execution_id(s, at) for s in mine), reverse=True)
+    free_id, theirs_id = execution_id(free, at), execution_id(theirs, at)
+
+    async def claim(by: Fence, ids: list[str]) -> list[str]:
+        started = await backend.ledger.executions_claim(ExecutionsClaim([by], ids, 30, "n"))
+        return sorted(e.execution_id for e in started)
+
+    assert await claim(fence, [*given, free_id]) == sorted([*given[:2], free_id])
+    # The cap is cluster-wide: another node's partition starts none while two run.
+    assert await claim(other, [theirs_id]) == []
+    assert await due_now(backend, 3) == [theirs_id]  # still queued
+    await backend.ledger.executions_complete(
+        ExecutionsComplete([fence], [Completion(given[0], 1, Outcome.SUCCEEDED)])
+    )
+    assert await claim(fence, given) == [given[2]]
+    assert await claim(fence, given) == []
+    assert await claim(other, [theirs_id]) == []
+    # A higher cap binds the next claim.
+    higher = msgspec.structs.replace(capped, max_concurrency_cluster=5)
+    await backend.ledger.task_types_put(TaskTypesPut(higher))
+    assert await claim(fence, given) == sorted(given[3:])
+    assert await claim(other, [theirs_id]) == [theirs_id]
+    running = await backend.ledger.executions_query(
+        ExecutionsQuery(status=ExecutionStatus.RUNNING, task_type="capped")
+    )
+    assert len(running.items) == 5

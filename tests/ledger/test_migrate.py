@@ -30,6 +30,9 @@ from tests.ledger.backends import run_sql, sql
 
 pytestmark = pytest.mark.postgres
 
+KNOWN = [(migration.version, migration.name) for migration in known_migrations()]
+"""Every migration this code ships, as (version, name): 1 is ``initial``."""
+
 
 @pytest.fixture
 async def fresh_url(database_url: str) -> AsyncIterator[str]:
@@ -61,7 +64,7 @@ async def test_a_fresh_database_gets_the_schema_and_64_free_partitions(fresh_url
     assert report.partitions_created == PARTITIONS_DEFAULT == 64
     assert await lease_rows(fresh_url) == [(p, None, 0) for p in range(64)]
     recorded = await sql(fresh_url, "SELECT version, name FROM carillon_schema_migrations")
-    assert [(row[0], row[1]) for row in recorded] == [(1, "initial")]
+    assert [(row[0], row[1]) for row in recorded] == KNOWN
     async with open_postgres_ledger(fresh_url) as ledger:
         settings = await ledger.cluster_get()
     assert (settings.partition_count, settings.active_region, settings.region_epoch) == (
@@ -104,7 +107,7 @@ async def test_concurrent_runs_all_succeed_and_apply_each_version_once(fresh_url
     assert {report.partition_count for report in reports} == {16}
     assert sum(report.partitions_created for report in reports) == 16
     recorded = await sql(fresh_url, "SELECT version FROM carillon_schema_migrations")
-    assert [row[0] for row in recorded] == [1]
+    assert [row[0] for row in recorded] == [version for version, _ in KNOWN]
 
 
 async def test_a_different_partition_count_is_refused_and_changes_nothing(fresh_url: str) -> None:
@@ -150,14 +153,20 @@ async def test_a_schema_newer_than_this_code_is_refused(fresh_url: str) -> None:
 async def test_status_lists_applied_and_pending_versions(fresh_url: str) -> None:
     before = await read_migration_status(fresh_url)
     assert (before.applied, before.schema_version, before.partition_count) == ([], 0, None)
-    assert [m.version for m in before.pending] == [1]
+    assert [(m.version, m.name) for m in before.pending] == KNOWN
 
     await migrate_database(fresh_url, partitions=4)
     after = await read_migration_status(fresh_url)
 
-    assert [(a.version, a.name, a.modified) for a in after.applied] == [(1, "initial", False)]
+    assert [(a.version, a.name, a.modified) for a in after.applied] == [
+        (version, name, False) for version, name in KNOWN
+    ]
     assert after.applied[0].applied_at.utcoffset() is not None
-    assert (after.pending, after.schema_version, after.partition_count) == ([], 1, 4)
+    assert (after.pending, after.schema_version, after.partition_count) == (
+        [],
+        latest_version(),
+        4,
+    )
 
 
 async def test_the_ledger_refuses_a_database_that_was_not_migrated(fresh_url: str) -> None:
@@ -209,15 +218,16 @@ def test_cli_applies_then_reports_up_to_date_then_shows_status(
     code, out, err = run_cli(capsys, "--database-url", cli_url, "--partitions", "4")
     assert (code, err) == (0, "")
     assert "applied 0001_initial" in out
-    assert "schema version 1; 4 partitions" in out
+    assert f"schema version {latest_version()}; 4 partitions" in out
 
     code, out, err = run_cli(capsys, "--database-url", cli_url)
     assert (code, err) == (0, "")
-    assert "schema up to date at version 1" in out
+    assert f"schema up to date at version {latest_version()}" in out
 
     code, out, err = run_cli(capsys, "--database-url", cli_url, "--status")
     assert (code, err) == (0, "")
-    assert "schema version: 1 (this Carillon: 1)" in out
+    latest = latest_version()
+    assert f"schema version: {latest} (this Carillon: {latest})" in out
     assert "partitions: 4" in out
     assert "0001_initial" in out
     assert "pending: none" in out

@@ -24,22 +24,30 @@ import trio
 
 from engine.errors import LedgerUnavailable, VersionConflict
 from engine.ledger.base import (
+    Completion,
+    DeadLettersReplay,
+    ExecutionsClaim,
+    ExecutionsComplete,
     ExecutionsPlan,
     ExecutionsQuery,
     Fence,
     LeasesAcquire,
     LeasesRenew,
+    Outcome,
     PlannedExecution,
     ScheduleAdvance,
     ScheduleChangesSince,
     SchedulesCreate,
     SchedulesDelete,
     SchedulesUpdate,
+    TaskTypesPut,
 )
 from engine.ledger.bridge import DatabaseBridge
 from engine.ledger.database import url_with_database
 from engine.ledger.postgres import PostgresLedger, migrate_database, open_postgres_ledger
-from engine.model import ExecutionStatus, Schedule, execution_id
+from engine.ledger.postgres.caps import cap_lock_key
+from engine.ledger.postgres.sql import CAP_LOCK_SPACE
+from engine.model import ExecutionStatus, HandlerKind, Schedule, TaskType, execution_id
 from tests.ledger.backends import ids_in_partition, put_noop_task_type, schedule, sql
 
 pytestmark = pytest.mark.postgres
@@ -362,6 +370,119 @@ async def test_a_takeover_waits_for_the_fenced_transaction_in_flight(
         assert results[0].inserted == [execution_id(sid, later)]
         [taken] = await ledger.leases_acquire(LeasesAcquire("new", [6], LONG_TTL_S))
         assert taken.fencing_token == fence.fencing_token + 1
+
+
+# --- cluster-wide concurrency caps ------------------------------------------------------------
+
+CAP = 3
+CAP_LOCK = "SELECT pg_advisory_xact_lock($1::integer, $2::integer)"
+
+
+@asynccontextmanager
+async def two_nodes(
+    url: str, per_partition: int
+) -> AsyncIterator[list[tuple[PostgresLedger, Fence, list[str]]]]:
+    """Two ledgers -- each with its own bridge thread and pool, as two nodes have -- owning
+    partitions 0 and 1, each with ``per_partition`` startable executions of the task type
+    ``capped`` (cluster cap :data:`CAP`): (ledger, fence, execution ids) per node."""
+    async with open_postgres_ledger(url) as first, open_postgres_ledger(url) as second:
+        capped = TaskType(name="capped", kind=HandlerKind.NOOP, max_concurrency_cluster=CAP)
+        await first.task_types_put(TaskTypesPut(capped))
+        at = (await first.database_now()).replace(microsecond=0) - timedelta(seconds=1)
+        nodes = []
+        for partition, ledger in enumerate((first, second)):
+            sids = ids_in_partition(partition, per_partition, prefix="cap")
+            await ledger.schedules_create(
+                SchedulesCreate([schedule(s, task_type="capped") for s in sids])
+            )
+            fence = await own(ledger, partition, f"node-{partition}")
+            fires = [PlannedExecution(s, "acme", "capped", at) for s in sids]
+            await ledger.executions_plan(ExecutionsPlan(fence, fires, []))
+            nodes.append((ledger, fence, [execution_id(s, at) for s in sids]))
+        yield nodes
+
+
+async def running_capped(url: str) -> int:
+    rows = await sql(
+        url, "SELECT count(*) FROM executions WHERE task_type = 'capped' AND status = 'running'"
+    )
+    count: int = rows[0][0]
+    return count
+
+
+async def test_claims_queued_on_a_cap_lock_start_no_more_than_the_cap_together(
+    url: str, bridge: DatabaseBridge
+) -> None:
+    async with two_nodes(url, per_partition=5) as nodes:
+        started: list[int] = []
+
+        async def claim(ledger: PostgresLedger, fence: Fence, ids: list[str]) -> None:
+            claimed = await ledger.executions_claim(ExecutionsClaim([fence], ids, 60, "n"))
+            started.append(len(claimed))
+
+        held = holding_lock(bridge, url, CAP_LOCK, CAP_LOCK_SPACE, cap_lock_key("capped"))
+        async with trio.open_nursery() as nursery, held:
+            for node in nodes:
+                nursery.start_soon(claim, *node)
+            await wait_for_lock_waiters(url, 2)  # both wait; neither has counted yet
+        assert sum(started) == CAP
+        assert await running_capped(url) == CAP
+
+
+async def test_two_nodes_racing_claims_never_exceed_a_cluster_cap(url: str) -> None:
+    async def claim(
+        into: dict[int, list[str]], n: int, ledger: PostgresLedger, fence: Fence, ids: list[str]
+    ) -> None:
+        started = await ledger.executions_claim(ExecutionsClaim([fence], ids, 60, "n"))
+        into[n] = [e.execution_id for e in started]
+
+    async with two_nodes(url, per_partition=12) as nodes:
+        for _ in range(4):  # each round: both nodes claim at once, then finish what started
+            claimed: dict[int, list[str]] = {}
+            async with trio.open_nursery() as nursery:
+                for n, node in enumerate(nodes):
+                    nursery.start_soon(claim, claimed, n, *node)
+            assert sum(len(ids) for ids in claimed.values()) == CAP
+            assert await running_capped(url) == CAP
+            for n, (ledger, fence, _) in enumerate(nodes):
+                done = [Completion(eid, 1, Outcome.SUCCEEDED) for eid in claimed[n]]
+                await ledger.executions_complete(ExecutionsComplete([fence], done))
+
+
+async def test_claims_of_uncapped_task_types_never_wait_for_a_cap_lock(
+    url: str, bridge: DatabaseBridge
+) -> None:
+    async with two_nodes(url, per_partition=1) as nodes:
+        ledger, fence, _ = nodes[0]
+        [sid] = ids_in_partition(0, 1, prefix="free")
+        await ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+        at = (await ledger.database_now()).replace(microsecond=0)
+        await ledger.executions_plan(plan_one(fence, sid, at))
+        held = holding_lock(bridge, url, CAP_LOCK, CAP_LOCK_SPACE, cap_lock_key("capped"))
+        async with held:
+            with trio.fail_after(5):
+                claimed = await ledger.executions_claim(
+                    ExecutionsClaim([fence], [execution_id(sid, at)], 60, "n")
+                )
+        assert [e.execution_id for e in claimed] == [execution_id(sid, at)]
+
+
+# --- audit trail ------------------------------------------------------------------------------
+
+
+async def test_the_audit_trail_refuses_updates_and_deletes(url: str) -> None:
+    async with open_postgres_ledger(url) as ledger:
+        assert await ledger.dead_letters_replay(DeadLettersReplay(["nope:x"], "ops")) == []
+    await sql(url, "INSERT INTO audit_events (actor, action, target) VALUES ('ops', 'test', 'x')")
+    for statement in (
+        "UPDATE audit_events SET actor = 'someone else'",
+        "DELETE FROM audit_events",
+        "TRUNCATE audit_events",
+    ):
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="append-only"):
+            await sql(url, statement)
+    rows = await sql(url, "SELECT actor, target FROM audit_events")
+    assert [(row[0], row[1]) for row in rows] == [("ops", "x")]
 
 
 # --- availability -----------------------------------------------------------------------------

@@ -6,7 +6,9 @@ Layout (SQL lives only in :mod:`.sql` and ``migrations/*.sql``)::
     schedules.py   schedule operations and the change feed       ┐ asyncio coroutines run on
     executions.py  planning, claiming, completing, querying      │ the bridge's loop, one
     cluster.py     settings, leases, membership, checkpoints     │ transaction each
-    catalog.py     task types and tenants (dispatch settings)    ┘
+    catalog.py     task types and tenants (dispatch settings)    │
+    audit.py       dead-letter replay and the audit trail        ┘
+    caps.py        the claim's statements, cluster-wide concurrency caps
     fencing.py     the fence check opening every fenced transaction
     listener.py    LISTEN on a dedicated connection for schedule_changes_wait
     store.py       the pool, error translation and conflict retries around each operation

@@ -6,12 +6,15 @@ valid leases or changes nothing. Ids are checked against the fenced partitions i
 first (``partition_of`` of the schedule id, the part of an execution id before its first
 colon), so a misrouted id is refused before any round trip.
 
-Results list ids in the order the caller gave them, without repeats.
+Results list ids in the order the caller gave them, without repeats. A claim's statements,
+with the cluster-wide concurrency caps, are in :mod:`~engine.ledger.postgres.caps`;
+dead-letter replay and the audit trail in :mod:`~engine.ledger.postgres.audit`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, Final
 
 import asyncpg
 
@@ -22,11 +25,11 @@ from engine.ledger.base import (
     BATCH_ROWS_MAX,
     PAGE_SIZE_MAX,
     CompleteResult,
-    DeadLettersReplay,
     ExecutionDetail,
     ExecutionsClaim,
     ExecutionsComplete,
     ExecutionsDue,
+    ExecutionsExtend,
     ExecutionsPlan,
     ExecutionsPurge,
     ExecutionsQuery,
@@ -40,7 +43,7 @@ from engine.ledger.base import (
     decode_cursor,
     encode_cursor,
 )
-from engine.ledger.postgres import sql
+from engine.ledger.postgres import caps, sql
 from engine.ledger.postgres.fencing import require_fences
 from engine.ledger.postgres.rows import (
     attempt_from_row,
@@ -135,14 +138,27 @@ async def _advance(connection: asyncpg.Connection, advances: list[ScheduleAdvanc
     return advanced
 
 
+_NO_CURSOR: Final = (datetime(1, 1, 1, tzinfo=UTC), "")
+"""Before every execution in ``executions_due`` order."""
+
+
 async def executions_due(store: Store, params: ExecutionsDue) -> list[Execution]:
     limit = check_limit(params.limit, PAGE_SIZE_MAX)
     before = aware(params.before, field="before")
     if not params.partition_ids:
         return []
+    after_at, after_id = _NO_CURSOR
+    if params.after is not None:
+        after_at = aware(params.after.startable_at, field="after.startable_at")
+        after_id = params.after.execution_id
     async with store.connection() as connection:
         rows = await connection.fetch(
-            sql.EXECUTIONS_DUE, unique(params.partition_ids), before, limit
+            sql.EXECUTIONS_DUE,
+            unique(params.partition_ids),
+            before,
+            limit,
+            after_at,
+            after_id,
         )
     return [execution_from_row(row) for row in rows]
 
@@ -157,16 +173,31 @@ async def executions_claim(store: Store, params: ExecutionsClaim) -> list[Execut
         await require_fences(connection, params.fences)
         if not ids:
             return []
+        rows = await caps.claim_rows(connection, ids, lease_s, params.node_id, tokens)
+    started = [execution_from_row(row) for row in rows]
+    return sorted(started, key=lambda e: (e.planned_at, e.execution_id))
+
+
+async def executions_extend(store: Store, params: ExecutionsExtend) -> list[str]:
+    check_batch(params.attempts, BATCH_ROWS_MAX, what="attempts")
+    lease_s = check_duration(params.attempt_lease_s, field="attempt_lease_s")
+    pairs = unique((ref.execution_id, ref.attempt) for ref in params.attempts)
+    tokens = _tokens(params.fences)
+    ids = [execution_id_ for execution_id_, _ in pairs]
+    _check_partition(_schedule_ids(ids), tokens.keys(), store.partition_count, what="execution")
+    async with store.transaction() as connection:
+        await require_fences(connection, params.fences)
+        if not pairs:
+            return []
         rows = await connection.fetch(
-            sql.EXECUTIONS_CLAIM,
+            sql.EXECUTIONS_EXTEND,
             ids,
+            [attempt for _, attempt in pairs],
             lease_s,
-            params.node_id,
             list(tokens),
             list(tokens.values()),
         )
-    started = [execution_from_row(row) for row in rows]
-    return sorted(started, key=lambda e: (e.planned_at, e.execution_id))
+    return in_order(ids, (row["execution_id"] for row in rows))
 
 
 async def executions_complete(store: Store, params: ExecutionsComplete) -> CompleteResult:
@@ -292,16 +323,6 @@ async def executions_query(store: Store, params: ExecutionsQuery) -> Page[Execut
         last = items[-1]
         cursor = encode_cursor(format_utc(last.planned_at), last.execution_id)
     return Page(items=items, next_cursor=cursor)
-
-
-async def dead_letters_replay(store: Store, params: DeadLettersReplay) -> list[str]:
-    check_batch(params.execution_ids, BATCH_ROWS_MAX, what="execution ids")
-    ids = unique(params.execution_ids)
-    if not ids:
-        return []
-    async with store.connection() as connection:
-        rows = await connection.fetch(sql.DEAD_LETTERS_REPLAY, ids)
-    return in_order(ids, (row["execution_id"] for row in rows))
 
 
 async def executions_purge(store: Store, params: ExecutionsPurge) -> int:

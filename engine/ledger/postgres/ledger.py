@@ -38,6 +38,7 @@ import trio
 
 from engine.errors import ConfigError, InvalidField
 from engine.ledger.base import (
+    AuditQuery,
     ClusterSettings,
     CompleteResult,
     DeadLettersReplay,
@@ -45,6 +46,7 @@ from engine.ledger.base import (
     ExecutionsClaim,
     ExecutionsComplete,
     ExecutionsDue,
+    ExecutionsExtend,
     ExecutionsPlan,
     ExecutionsPurge,
     ExecutionsQuery,
@@ -67,12 +69,20 @@ from engine.ledger.base import (
     TenantsPut,
 )
 from engine.ledger.bridge import DatabaseBridge, open_bridge
-from engine.ledger.postgres import catalog, cluster, executions, schedules, sql
+from engine.ledger.postgres import audit, catalog, cluster, executions, schedules, sql
 from engine.ledger.postgres.connection import connect, create_pool, translate_errors
 from engine.ledger.postgres.listener import ChangeListener
 from engine.ledger.postgres.migrate import latest_version
 from engine.ledger.postgres.store import CONTROL_POOL_SIZE, Store
-from engine.model import Execution, Lease, PlannerCheckpoint, Schedule, TaskType, Tenant
+from engine.model import (
+    AuditEvent,
+    Execution,
+    Lease,
+    PlannerCheckpoint,
+    Schedule,
+    TaskType,
+    Tenant,
+)
 
 if TYPE_CHECKING:
     from engine.ledger.base import Ledger
@@ -130,6 +140,9 @@ class PostgresLedger:
 
     async def schedules_get(self, schedule_id: str) -> Schedule:
         return await self._run(schedules.schedules_get, schedule_id)
+
+    async def schedules_get_many(self, schedule_ids: list[str]) -> dict[str, Schedule]:
+        return await self._run(schedules.schedules_get_many, schedule_ids)
 
     async def schedules_list(self, params: SchedulesList) -> Page[Schedule]:
         return await self._run(schedules.schedules_list, params)
@@ -205,6 +218,9 @@ class PostgresLedger:
     async def executions_claim(self, params: ExecutionsClaim) -> list[Execution]:
         return await self._run(executions.executions_claim, params)
 
+    async def executions_extend(self, params: ExecutionsExtend) -> list[str]:
+        return await self._run(executions.executions_extend, params)
+
     async def executions_complete(self, params: ExecutionsComplete) -> CompleteResult:
         return await self._run(executions.executions_complete, params)
 
@@ -221,7 +237,10 @@ class PostgresLedger:
         return await self._run(executions.executions_query, params)
 
     async def dead_letters_replay(self, params: DeadLettersReplay) -> list[str]:
-        return await self._run(executions.dead_letters_replay, params)
+        return await self._run(audit.dead_letters_replay, params)
+
+    async def audit_list(self, params: AuditQuery) -> list[AuditEvent]:
+        return await self._run(audit.audit_list, params)
 
     async def executions_purge(self, params: ExecutionsPurge) -> int:
         return await self._run(executions.executions_purge, params)

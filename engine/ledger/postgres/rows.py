@@ -17,6 +17,7 @@ from engine.core.dst import DstGap, DstOverlap
 from engine.errors import InvalidField
 from engine.ledger.base import Attempt, ChangeKind, NodeInfo, ScheduleChange
 from engine.model import (
+    AuditEvent,
     CatchUpPolicy,
     Execution,
     ExecutionStatus,
@@ -153,6 +154,17 @@ def tenant_from_row(row: Row) -> Tenant:
         burst=row["burst"],
         updated_at=row["updated_at"],
         version=row["version"],
+    )
+
+
+def audit_event_from_row(row: Row) -> AuditEvent:
+    return AuditEvent(
+        event_id=row["event_id"],
+        at=row["at"],
+        actor=row["actor"],
+        action=row["action"],
+        target=row["target"],
+        details=row["details"],
     )
 
 

@@ -141,6 +141,15 @@ async def schedules_get(store: Store, schedule_id: str) -> Schedule:
     return schedule_from_row(row)
 
 
+async def schedules_get_many(store: Store, schedule_ids: list[str]) -> dict[str, Schedule]:
+    if not schedule_ids:
+        return {}
+    check_limit(len(schedule_ids), PAGE_SIZE_MAX, field="schedule_ids")
+    async with store.connection() as connection:
+        rows = await connection.fetch(sql.SCHEDULES_GET_MANY, schedule_ids)
+    return {row["schedule_id"]: schedule_from_row(row) for row in rows}
+
+
 async def schedules_list(store: Store, params: SchedulesList) -> Page[Schedule]:
     limit = check_limit(params.limit, PAGE_SIZE_MAX)
     after = _schedule_cursor(params.cursor)

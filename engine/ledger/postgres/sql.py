@@ -31,6 +31,14 @@ CHANGES_LOCK_KEY: Final = 0x6361726C_63686773  # "carlchgs"
 MIGRATION_LOCK_KEY: Final = 0x6361726C_6D696772  # "carlmigr"
 """Session advisory lock held by ``carillon migrate`` while it inspects and changes the schema."""
 
+AUDIT_LOCK_KEY: Final = 0x6361726C_61756474  # "carlaudt"
+"""Transaction advisory lock serializing audit writers (commit order = event_id order)."""
+
+CAP_LOCK_SPACE: Final = 0x63617073  # "caps"
+"""First key of the two-key transaction advisory locks that serialize the claims of one
+capped task type (the second key: :func:`engine.ledger.postgres.caps.cap_lock_key`). Two-key
+locks live apart from the one-key locks above."""
+
 SCHEDULE_COLUMNS: Final = (
     "schedule_id, tenant_id, cron_expr, timezone, task_type, payload, enabled, next_run_at, "
     "updated_at, version, partition_id, catch_up, catch_up_window_s, dst_gap, dst_overlap, "
@@ -50,6 +58,7 @@ TENANT_COLUMNS: Final = (
     "tenant_id, weight, concurrency_quota, rate_per_s, burst, updated_at, version"
 )
 NODE_COLUMNS: Final = "node_id, region, started_at, last_seen_at, expires_at"
+AUDIT_COLUMNS: Final = "event_id, at, actor, action, target, details"
 
 
 def _prefixed(columns: str, alias: str) -> str:
@@ -204,6 +213,11 @@ SELECT {SCHEDULE_COLUMNS} FROM schedules WHERE schedule_id = $1 AND deleted_at I
 """
 
 SCHEDULE_GET_FOR_UPDATE: Final = SCHEDULE_GET + "FOR UPDATE"
+
+SCHEDULES_GET_MANY: Final = f"""
+SELECT {SCHEDULE_COLUMNS} FROM schedules
+WHERE schedule_id = ANY($1::text[]) AND deleted_at IS NULL
+"""
 
 SCHEDULE_SOFT_DELETE: Final = "UPDATE schedules SET deleted_at = now() WHERE schedule_id = $1"
 
@@ -379,22 +393,100 @@ SELECT {EXECUTION_COLUMNS} FROM executions
 WHERE partition_id = ANY($1::integer[])
   AND status IN ('queued', 'failed')
   AND startable_at <= $2
-ORDER BY planned_at, execution_id
+  AND (startable_at, execution_id) > ($4::timestamptz, $5::text)
+ORDER BY startable_at, execution_id
 LIMIT $3
 """
 
-EXECUTIONS_CLAIM: Final = f"""
+_CLAIM_UPDATE: Final = """
 UPDATE executions AS e
 SET status = 'running', attempt = e.attempt + 1, started_at = now(), finished_at = NULL,
     attempt_expires_at = now() + make_interval(secs => $2), not_before = NULL,
     error_code = NULL, error_message = NULL, fencing_token = f.fencing_token, claimed_by = $3
+"""
+"""The claim's effect; every claim statement passes the ids in ``$1``, the attempt lease in
+``$2``, the node in ``$3`` and the fenced partitions and tokens in ``$4``/``$5``."""
+
+EXECUTIONS_CLAIM: Final = f"""{_CLAIM_UPDATE}
 FROM unnest($4::integer[], $5::bigint[]) AS f (partition_id, fencing_token)
 WHERE e.execution_id = ANY($1::text[])
   AND e.partition_id = f.partition_id
   AND e.status IN ('queued', 'failed')
   AND e.startable_at <= now()
+  AND NOT EXISTS (
+      SELECT 1 FROM task_types AS t
+      WHERE t.name = e.task_type AND t.max_concurrency_cluster IS NOT NULL)
 RETURNING {_prefixed(EXECUTION_COLUMNS, "e")}
 """
+"""Claim the listed startable executions whose task type has no cluster cap (the fast path:
+a batch of those needs nothing else; the few task types make the anti-join one small hash)."""
+
+# Cluster-wide concurrency caps (engine/ledger/postgres/caps.py). Only when EXECUTIONS_CLAIM
+# left some ids unclaimed does a claim look for startable ones of capped task types among
+# them (TASK_TYPES_CAPPED_AMONG); if there are, it locks those types (CAP_LOCKS, in key
+# order) and claims them with EXECUTIONS_CLAIM_CAPPED: a later statement, so its snapshot
+# sees every claim committed by the locks' previous holders, and it counts and claims at once.
+
+TASK_TYPES_CAPPED_AMONG: Final = """
+SELECT DISTINCT e.task_type FROM executions AS e
+JOIN task_types AS t ON t.name = e.task_type AND t.max_concurrency_cluster IS NOT NULL
+WHERE e.execution_id = ANY($1::text[])
+  AND e.status IN ('queued', 'failed')
+  AND e.startable_at <= now()
+ORDER BY e.task_type
+"""
+"""The capped task types of the startable executions among ``$1``."""
+
+CAP_LOCKS: Final = f"""
+SELECT pg_advisory_xact_lock({CAP_LOCK_SPACE}, key) FROM unnest($1::integer[]) AS key
+"""
+"""Lock the capped task types' keys until commit, in the order given (the caller sorts them,
+so two claims locking several types never deadlock)."""
+
+EXECUTIONS_CLAIM_CAPPED: Final = f"""
+WITH caps AS (
+    SELECT name AS task_type, max_concurrency_cluster AS cap FROM task_types
+    WHERE name = ANY($6::text[]) AND max_concurrency_cluster IS NOT NULL
+), running AS (
+    SELECT task_type, count(*) AS n FROM executions
+    WHERE status = 'running' AND task_type = ANY($6::text[])
+    GROUP BY task_type
+), ranked AS (
+    SELECT e.execution_id,
+           caps.cap - coalesce(running.n, 0) AS room,
+           row_number() OVER (PARTITION BY e.task_type ORDER BY u.position) AS rank
+    FROM unnest($1::text[]) WITH ORDINALITY AS u (execution_id, position)
+    JOIN executions AS e ON e.execution_id = u.execution_id
+    JOIN caps ON caps.task_type = e.task_type
+    LEFT JOIN running ON running.task_type = e.task_type
+    WHERE e.status IN ('queued', 'failed')
+      AND e.startable_at <= now()
+      AND e.partition_id = ANY($4::integer[])
+){_CLAIM_UPDATE}
+FROM ranked, unnest($4::integer[], $5::bigint[]) AS f (partition_id, fencing_token)
+WHERE e.execution_id = ranked.execution_id
+  AND ranked.rank <= ranked.room
+  AND e.partition_id = f.partition_id
+  AND e.status IN ('queued', 'failed')
+  AND e.startable_at <= now()
+RETURNING {_prefixed(EXECUTION_COLUMNS, "e")}
+"""
+"""Claim the startable executions of the capped task types ``$6`` (whose locks the caller
+holds): per type, the first ``cap - running`` of them in the order of ``$1``. Caps are
+re-read here, under the lock; the running count uses executions_running_task_type_idx."""
+
+EXECUTIONS_EXTEND: Final = """
+UPDATE executions AS e
+SET attempt_expires_at = now() + make_interval(secs => $3), fencing_token = f.fencing_token
+FROM unnest($1::text[], $2::integer[]) AS a (execution_id, attempt),
+     unnest($4::integer[], $5::bigint[]) AS f (partition_id, fencing_token)
+WHERE e.execution_id = a.execution_id
+  AND e.attempt = a.attempt
+  AND e.status = 'running'
+  AND e.partition_id = f.partition_id
+RETURNING e.execution_id
+"""
+"""Renew the attempt leases of the listed attempts that are still running."""
 
 EXECUTIONS_COMPLETE: Final = """
 WITH c AS (
@@ -472,12 +564,35 @@ FROM execution_attempts WHERE execution_id = $1 ORDER BY attempt
 """
 
 DEAD_LETTERS_REPLAY: Final = """
-UPDATE executions
+WITH letters AS (
+    SELECT execution_id, attempt, error_code FROM executions
+    WHERE execution_id = ANY($1::text[]) AND status = 'dead-letter'
+    ORDER BY execution_id
+    FOR UPDATE
+)
+UPDATE executions AS e
 SET status = 'queued', enqueued_at = now(), not_before = NULL, finished_at = NULL,
     error_code = NULL, error_message = NULL
-WHERE execution_id = ANY($1::text[]) AND status = 'dead-letter'
-RETURNING execution_id
+FROM letters
+WHERE e.execution_id = letters.execution_id
+RETURNING e.execution_id, letters.attempt, letters.error_code
 """
+"""Replay dead letters, returning what the audit trail records of each: its attempt count
+and the error code it was dead-lettered with (read, locked, before the update clears it)."""
+
+# --- audit trail ------------------------------------------------------------------------
+
+AUDIT_LOCK: Final = f"SELECT pg_advisory_xact_lock({AUDIT_LOCK_KEY})"
+"""Taken right before :data:`AUDIT_APPEND`, held until commit: the next writer draws its
+``event_id`` only after this transaction is visible, so ``event_id`` order is commit order."""
+
+AUDIT_APPEND: Final = """
+INSERT INTO audit_events (actor, action, target, details)
+SELECT $1::text, $2::text, u.target, u.details
+FROM unnest($3::text[], $4::jsonb[]) WITH ORDINALITY AS u (target, details, position)
+ORDER BY u.position
+"""
+"""Append events of one actor and action, numbered in the order of the targets given."""
 
 EXECUTIONS_PURGE: Final = """
 WITH doomed AS (
@@ -551,6 +666,22 @@ def executions_query(
     return (
         f"SELECT {EXECUTION_COLUMNS} FROM executions WHERE {where} "
         f"ORDER BY planned_at, execution_id LIMIT ${count + 1}"
+    )
+
+
+@functools.cache
+def audit_list(*, target: bool, action: bool, after: bool) -> str:
+    """Audit events by event_id; parameters in order: the filters given, the watermark,
+    limit."""
+    fragments = [
+        ("target = ${}", target),
+        ("action = ${}", action),
+        ("event_id > ${}", after),
+    ]
+    where, count = _where([], fragments)
+    return (
+        f"SELECT {AUDIT_COLUMNS} FROM audit_events WHERE {where} "
+        f"ORDER BY event_id LIMIT ${count + 1}"
     )
 
 

@@ -1,0 +1,101 @@
+"""The cluster half of :class:`~engine.ledger.memory.MemoryLedger`: clock, settings, leases
+and membership (the memory twin of :mod:`engine.ledger.postgres.cluster`).
+
+A mixin of that one class, split out to keep each module small: it owns no state of its own
+but declares the ledger's tables it uses, and follows the ledger's rules (one trio
+checkpoint, then the whole call without awaiting; the input is checked before anything
+changes). Every expiry is judged by the ledger's clock, ``_now()``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import trio
+
+from engine.errors import InvalidField
+from engine.ledger._memory_tables import LeaseTable, seconds
+from engine.ledger.base import (
+    ClusterSettings,
+    LeasesAcquire,
+    LeasesRelease,
+    LeasesRenew,
+    NodeInfo,
+    NodesHeartbeat,
+)
+from engine.model import Lease
+
+
+class ClusterMethods:
+    """The ledger's clock and settings, partition leases and node membership."""
+
+    # The ledger's state this half uses (set by MemoryLedger.__init__).
+    _settings: ClusterSettings
+    _leases: LeaseTable
+    _nodes: dict[str, NodeInfo]
+
+    def _now(self) -> datetime:
+        raise NotImplementedError  # the ledger's clock, provided by MemoryLedger
+
+    # cluster ---------------------------------------------------------------------------------
+
+    async def database_now(self) -> datetime:
+        await trio.lowlevel.checkpoint()
+        return self._now()
+
+    async def cluster_get(self) -> ClusterSettings:
+        await trio.lowlevel.checkpoint()
+        return self._settings
+
+    # leases and membership -------------------------------------------------------------------
+
+    async def leases_acquire(self, params: LeasesAcquire) -> list[Lease]:
+        await trio.lowlevel.checkpoint()
+        if not params.owner_id:
+            raise InvalidField("owner_id must not be empty")
+        ttl = seconds(params.ttl_s, field="ttl_s")
+        partitions = self._leases.check_partitions(params.partition_ids)
+        return self._leases.acquire(params.owner_id, partitions, ttl, self._now())
+
+    async def leases_renew(self, params: LeasesRenew) -> list[Lease]:
+        await trio.lowlevel.checkpoint()
+        ttl = seconds(params.ttl_s, field="ttl_s")
+        return self._leases.renew(params.fences, ttl, self._now())
+
+    async def leases_release(self, params: LeasesRelease) -> int:
+        await trio.lowlevel.checkpoint()
+        return self._leases.release(params.fences, self._now())
+
+    async def leases_list(self) -> list[Lease]:
+        await trio.lowlevel.checkpoint()
+        return self._leases.rows()
+
+    async def nodes_heartbeat(self, params: NodesHeartbeat) -> NodeInfo:
+        await trio.lowlevel.checkpoint()
+        if not params.node_id:
+            raise InvalidField("node_id must not be empty")
+        ttl = seconds(params.ttl_s, field="ttl_s")
+        now = self._now()
+        previous = self._nodes.get(params.node_id)
+        # A node that lets its row expire has been judged dead; its next heartbeat is a rejoin.
+        alive = previous is not None and previous.expires_at > now
+        node = NodeInfo(
+            node_id=params.node_id,
+            region=params.region,
+            started_at=previous.started_at if alive and previous is not None else now,
+            last_seen_at=now,
+            expires_at=now + ttl,
+        )
+        self._nodes[params.node_id] = node
+        return node
+
+    async def nodes_live(self) -> list[NodeInfo]:
+        await trio.lowlevel.checkpoint()
+        now = self._now()
+        return [
+            self._nodes[key] for key in sorted(self._nodes) if self._nodes[key].expires_at > now
+        ]
+
+    async def nodes_leave(self, node_id: str) -> None:
+        await trio.lowlevel.checkpoint()
+        self._nodes.pop(node_id, None)

@@ -1,0 +1,77 @@
+"""Attempt leases: renewed while a handler runs, given up when the ledger took them away."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import trio
+import trio.testing
+
+from engine.ledger.base import ExecutionsExtend, TaskTypesPut
+from engine.model import ExecutionStatus, HandlerKind, TaskType
+from tests.actors.harness import START, all_executions, cluster, create, make_schedules
+
+SLOW = TaskType(
+    name="noop",
+    kind=HandlerKind.NOOP,
+    settings={"delay_s": 300, "timeout_s": 600},
+    timeout_s=600,
+)
+"""Five minutes of work: five times the attempt lease (60 s)."""
+
+
+async def test_a_handler_longer_than_its_attempt_lease_keeps_its_attempt(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with cluster() as c:
+        await create(c.ledger, make_schedules(3, START, lambda n: ("0 * * * *", "UTC")))
+        await c.ledger.task_types_put(TaskTypesPut(SLOW))
+        node = (await c.start_node("n1")).node
+        await trio.sleep(3600 + 600)
+        renewed = node.workers.statistics().renewed
+        abandoned = node.workers.statistics().abandoned
+    executions = await all_executions(c.ledger)
+    assert len(executions) == 3
+    for execution in executions:
+        assert execution.status is ExecutionStatus.SUCCEEDED
+        assert execution.attempt == 1  # never re-queued, though it ran 5x its lease
+        assert execution.finished_at is not None
+        assert execution.started_at is not None
+        assert execution.finished_at - execution.started_at >= timedelta(seconds=300)
+        detail = await c.ledger.executions_get(execution.execution_id)
+        assert [a.outcome for a in detail.attempts] == ["succeeded"]
+    assert renewed >= 3 * 4  # every 20 s of 300 s, per execution
+    assert abandoned == 0
+
+
+async def test_an_attempt_the_ledger_took_away_is_abandoned_and_its_successor_counts(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with cluster() as c:
+        await create(c.ledger, make_schedules(1, START, lambda n: ("0 * * * *", "UTC")))
+        await c.ledger.task_types_put(TaskTypesPut(SLOW))
+        sim = await c.start_node("n1")
+        extend = c.ledger.executions_extend
+        refusing = True
+
+        async def lost_renewals(params: ExecutionsExtend) -> list[str]:
+            # As if the renewals were lost on the way: the lease runs out meanwhile.
+            if refusing:
+                await trio.lowlevel.checkpoint()
+                return []
+            return await extend(params)
+
+        sim.ledger.executions_extend = lost_renewals  # type: ignore[method-assign]
+        first_planned = START.replace(minute=0) + timedelta(hours=1)
+        await trio.sleep((first_planned - START).total_seconds() + 30)
+        # 20 s in, the first renewal came back without the attempt: it was given up.
+        statistics = sim.node.workers.statistics()
+        assert statistics.abandoned == 1
+        assert statistics.busy == 0  # its handler was cancelled, not left running
+        refusing = False
+        await trio.sleep(600)
+    [execution] = await all_executions(c.ledger)
+    assert execution.status is ExecutionStatus.SUCCEEDED
+    assert execution.attempt == 2  # re-queued after the lease ran out, then run again
+    detail = await c.ledger.executions_get(execution.execution_id)
+    assert [a.outcome for a in detail.attempts] == ["expired", "succeeded"]
