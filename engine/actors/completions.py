@@ -28,6 +28,7 @@ log = logging.getLogger("carillon.completions")
 
 FLUSH_INTERVAL_S_DEFAULT: Final = 0.005
 BATCH_MAX_DEFAULT: Final = 1_000
+WRITERS_DEFAULT: Final = 2
 QUEUE_MAX_DEFAULT: Final = 10_000
 """Completions waiting to be written; a full queue makes workers wait (backpressure)."""
 
@@ -36,6 +37,8 @@ class CompletionWriterConfig(msgspec.Struct, frozen=True):
     flush_interval_s: float = FLUSH_INTERVAL_S_DEFAULT
     batch_max: int = BATCH_MAX_DEFAULT
     queue_max: int = QUEUE_MAX_DEFAULT
+    writers: int = WRITERS_DEFAULT
+    """Batches being written at once: one collects while another's round trip is out."""
 
 
 class CompletionStatistics(msgspec.Struct, frozen=True):
@@ -72,7 +75,12 @@ class CompletionWriter:
             await self._send.send((partition_id, completion))
 
     async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
+        async with trio.open_nursery() as nursery:
+            for _ in range(self.config.writers):
+                nursery.start_soon(self._write_loop)
+            task_status.started()
+
+    async def _write_loop(self) -> None:
         while True:
             batch = [await self._receive.receive()]
             with trio.move_on_after(self.config.flush_interval_s):

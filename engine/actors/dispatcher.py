@@ -41,7 +41,7 @@ import functools
 import logging
 import math
 import random
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 import msgspec
@@ -77,6 +77,7 @@ FETCH_INTERVAL_S_DEFAULT: Final = 5.0
 """Fallback period of the fetch loop; planned fires and retries ask for a fetch at their
 instant (:meth:`Dispatcher.request_fetch`), so this only catches what nobody announced
 (replays, re-queued attempts, executions of a partition just taken over)."""
+FETCH_AHEAD_S_DEFAULT: Final = 2.0
 CLAIM_BATCH_DEFAULT: Final = 500
 CLAIMERS: Final = 2
 """Claims in flight at once: the next batch is claimed while the previous one's round trip
@@ -104,6 +105,9 @@ class DispatcherConfig(msgspec.Struct, frozen=True):
     fetch_interval_s: float = FETCH_INTERVAL_S_DEFAULT
     claim_batch: int = CLAIM_BATCH_DEFAULT
     queue_max: int = QUEUE_MAX_DEFAULT
+    fetch_ahead_s: float = FETCH_AHEAD_S_DEFAULT
+    """Queue executions this long before their instant (the queue releases none early), so
+    a burst is in memory, its schedules read, when it comes due."""
     rate_per_s: float | None = None
     """Node-wide starts per second (``None``: as fast as the workers go)."""
     burst: int = 1_000
@@ -179,13 +183,16 @@ class Dispatcher:
         self._claiming = 0
         """Admitted executions of batches being claimed: they will need a worker too."""
         self._fetch_at: datetime | None = None
+        self._fetch_ahead = timedelta(seconds=config.fetch_ahead_s)
         self._backlog = False
         """The last fetch returned a full page: more is startable than the queue holds."""
         self._cursor: DueCursor | None = None
         """Where the next fetch resumes while paging through a backlog."""
 
     def request_fetch(self, at: datetime) -> None:
-        """Fetch again at ``at`` (when something becomes startable then)."""
+        """Fetch in time for ``at`` (when something becomes startable then): ``fetch_ahead_s``
+        before it, so it is queued, with its schedule read, when its instant comes."""
+        at -= self._fetch_ahead
         if self._fetch_at is None or at < self._fetch_at:
             self._fetch_at = at
             self._wake.set()
@@ -228,7 +235,7 @@ class Dispatcher:
             return 0
         limit = min(PAGE_SIZE_MAX, room)
         due = await self._ledger.executions_due(
-            ExecutionsDue(owned, self._monitor.now(), limit, after=self._cursor)
+            ExecutionsDue(owned, self._monitor.now() + self._fetch_ahead, limit, after=self._cursor)
         )
         # A full page means more is startable now: fetch the next page as soon as the queue
         # runs low instead of waiting for the fallback interval, starting after this one (a
@@ -490,6 +497,7 @@ class Dispatcher:
         """Apply the stored task-type caps and tenant weights and quotas."""
         task_types = await self._ledger.task_types_list()
         self._task_types = {task_type.name: task_type for task_type in task_types}
+        self._workers.refresh_task_types(task_types)
         for task_type in task_types:
             self._limits.set_task_type_cap(task_type.name, task_type.max_concurrency)
         for tenant in await self._ledger.tenants_list():
@@ -525,9 +533,10 @@ class Dispatcher:
             for _ in range(CLAIMERS):
                 nursery.start_soon(self._claimer, claims)
             while True:
-                # Claim in batches worth a round trip: while the workers hold more than half
-                # their capacity, wait for some to finish (each finish nudges).
-                while self._workers.free - self._claiming < self._workers.capacity // 2:
+                # Claim in batches worth a round trip: until that much room is free in the
+                # worker pool (beyond what is being claimed), wait (each finish nudges).
+                room = min(self.config.claim_batch, self._workers.capacity // 4)
+                while self._workers.free - self._claiming < room:
                     await self._fetched.wait()
                 batch = self._pop_batch()
                 if batch:

@@ -7,8 +7,11 @@ handler under the task type's timeout, decides the execution's fate with
 :class:`~engine.actors.completions.CompletionWriter`.
 
 The pool holds at most :attr:`WorkerPool.capacity` claimed executions: one per worker plus a
-hand-off of claimed ones waiting for a worker, so the dispatcher claims the next batch while
-this one runs. The dispatcher claims no more than :attr:`WorkerPool.free` (backpressure).
+hand-off of claimed ones waiting for a worker, so the dispatcher claims the next batches
+while this one runs. The hand-off is sized by how fast handlers finish (a moving average):
+about a second's worth, at most ``handoff_max`` -- a thousand no-op executions, or one per
+worker when each takes a second -- so a claimed execution rarely waits long for its worker.
+The dispatcher claims no more than :attr:`WorkerPool.free` (backpressure).
 
 **Attempt leases.** Every claimed execution carries an attempt lease; if it runs out, the
 redeliverer of the partition's owner re-queues the execution for another attempt. While
@@ -63,6 +66,14 @@ WORKERS_DEFAULT: Final = 32
 CACHE_TTL_S_DEFAULT: Final = 10.0
 TIMEOUT_GRACE_S: Final = 5.0
 """Extra time a handler gets beyond its task type's timeout before the worker abandons it."""
+HANDOFF_MAX_DEFAULT: Final = 1_000
+"""Two claim batches: one being claimed while the workers still hold the other."""
+HANDOFF_WAIT_S_DEFAULT: Final = 1.0
+DURATION_SMOOTHING: Final = 0.05
+"""Weight of the newest handler duration in the moving average."""
+DURATION_S_INITIAL: Final = 1.0
+"""The assumed handler duration before any has finished: a cautious start (a hand-off of
+one execution per worker) that grows as fast handlers finish."""
 RENEW_CHECK_S_DEFAULT: Final = 5.0
 """How often the attempt leases of the executions held here are looked at."""
 RENEW_AFTER_FRACTION: Final = 1 / 3
@@ -74,10 +85,14 @@ _OUTCOMES: Final = {str(outcome): outcome for outcome in Outcome}
 class WorkerPoolConfig(msgspec.Struct, frozen=True):
     workers: int = WORKERS_DEFAULT
     cache_ttl_s: float = CACHE_TTL_S_DEFAULT
-    handoff_max: int | None = None
-    """Claimed executions waiting for a free worker at most (``None``: as many as there are
-    workers). They let the dispatcher claim the next batch while the workers run this one;
-    their attempt leases are renewed while they wait."""
+    handoff_max: int = HANDOFF_MAX_DEFAULT
+    """Claimed executions waiting for a free worker at most. They let the dispatcher claim
+    the next batches while the workers run this one; their attempt leases are renewed while
+    they wait. Fewer are taken when handlers are slow (see ``handoff_wait_s``)."""
+    handoff_wait_s: float = HANDOFF_WAIT_S_DEFAULT
+    """About how long a claimed execution may wait for a worker: the hand-off holds no more
+    than the workers finish in that time, judged by a moving average of handler durations
+    (and never fewer than one per worker)."""
     renew_check_s: float = RENEW_CHECK_S_DEFAULT
 
 
@@ -145,21 +160,30 @@ class WorkerPool:
         self._table = table
         self._on_finished = on_finished
         self._on_retry = on_retry
-        handoff = config.workers if config.handoff_max is None else config.handoff_max
-        self.capacity = config.workers + handoff
-        """Claimed executions this pool holds at most: running, or waiting for a worker."""
-        self._send, self._receive = trio.open_memory_channel[Work](handoff)
+        handoff_max = max(config.handoff_max, config.workers)
+        self._send, self._receive = trio.open_memory_channel[Work](handoff_max)
+        self._handoff_max = handoff_max
+        self._duration_s = DURATION_S_INITIAL
         self._held: dict[tuple[str, int], _Held] = {}
         self._kinds: dict[str, _Kind] = {}
+        self._loading: dict[str, trio.Lock] = {}
         self.schedules = ScheduleCache(ledger, clock, config.cache_ttl_s)
         self._busy = 0
         self._finished: dict[str, int] = {}
         self._counts = {"renewed": 0, "abandoned": 0}
 
     @property
+    def capacity(self) -> int:
+        """Claimed executions this pool holds at most now: one running per worker, and as
+        many waiting as the workers are expected to start within ``handoff_wait_s``."""
+        workers = self.config.workers
+        expected = workers * self.config.handoff_wait_s / max(self._duration_s, 1e-6)
+        return workers + int(min(max(expected, workers), self._handoff_max))
+
+    @property
     def free(self) -> int:
         """How many more claimed executions :meth:`submit` takes without waiting."""
-        return self.capacity - len(self._held)
+        return max(self.capacity - len(self._held), 0)
 
     async def submit(self, work: Work) -> None:
         """Hand a claimed execution to the workers; waits only when :attr:`free` is 0."""
@@ -196,21 +220,39 @@ class WorkerPool:
         return kind.task_type, kind.handler
 
     async def _kind(self, name: str) -> _Kind:
-        now = self._clock.monotonic()
         cached = self._kinds.get(name)
-        if cached is not None and cached.expires > now:
+        if cached is not None and cached.expires > self._clock.monotonic():
             return cached
-        task_type = await self._ledger.task_types_get(name)
-        handler = build_handler(
-            task_type.kind, task_type.settings, options=self._options, clock=self._clock
-        )
-        policy = RetryPolicy(
-            max_attempts=task_type.max_attempts,
-            backoff_base_s=task_type.backoff_base_s,
-            backoff_max_s=task_type.backoff_max_s,
-        )
-        kind = _Kind(now + self.config.cache_ttl_s, task_type, handler, policy)
-        self._kinds[name] = kind
+        # One read per task type, however many workers miss at once (a burst has every
+        # worker miss together when the entry expires).
+        async with self._loading.setdefault(name, trio.Lock()):
+            cached = self._kinds.get(name)
+            if cached is not None and cached.expires > self._clock.monotonic():
+                return cached
+            return self._remember(await self._ledger.task_types_get(name))
+
+    def refresh_task_types(self, task_types: list[TaskType]) -> None:
+        """Take the task types just read from the ledger (the dispatcher reads them all
+        every few seconds): changed ones get a new handler, unchanged ones a new expiry."""
+        for task_type in task_types:
+            self._remember(task_type)
+
+    def _remember(self, task_type: TaskType) -> _Kind:
+        expires = self._clock.monotonic() + self.config.cache_ttl_s
+        cached = self._kinds.get(task_type.name)
+        if cached is not None and cached.task_type == task_type:
+            kind = msgspec.structs.replace(cached, expires=expires)
+        else:
+            handler = build_handler(
+                task_type.kind, task_type.settings, options=self._options, clock=self._clock
+            )
+            policy = RetryPolicy(
+                max_attempts=task_type.max_attempts,
+                backoff_base_s=task_type.backoff_base_s,
+                backoff_max_s=task_type.backoff_max_s,
+            )
+            kind = _Kind(expires, task_type, handler, policy)
+        self._kinds[task_type.name] = kind
         return kind
 
     # -- running ------------------------------------------------------------------------------
@@ -223,11 +265,14 @@ class WorkerPool:
                 if held is None or held.abandoned:
                     continue  # given up while it waited: it never starts
                 self._busy += 1
+                started = self._clock.monotonic()
                 try:
                     with trio.CancelScope() as held.scope:
                         await self._execute(work)
                 finally:
                     self._busy -= 1
+                    duration_s = self._clock.monotonic() - started
+                    self._duration_s += DURATION_SMOOTHING * (duration_s - self._duration_s)
             finally:
                 self._held.pop(key, None)
                 self._on_finished(work.execution)

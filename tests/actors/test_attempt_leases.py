@@ -75,3 +75,22 @@ async def test_an_attempt_the_ledger_took_away_is_abandoned_and_its_successor_co
     assert execution.attempt == 2  # re-queued after the lease ran out, then run again
     detail = await c.ledger.executions_get(execution.execution_id)
     assert [a.outcome for a in detail.attempts] == ["expired", "succeeded"]
+
+
+async def test_the_hand_off_shrinks_to_one_per_worker_when_handlers_are_slow(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    two_seconds = TaskType(name="noop", kind=HandlerKind.NOOP, settings={"delay_s": 2})
+    async with cluster(workers=4) as c:
+        await create(c.ledger, make_schedules(200, START, lambda n: ("0 * * * *", "UTC")))
+        pool = (await c.start_node("n1")).node.workers
+        assert pool.capacity == 4 + 4  # before anything ran: one waiting per worker
+        await c.ledger.task_types_put(TaskTypesPut(two_seconds))
+        await trio.sleep(3600 + 180)
+        assert pool.statistics().finished == {"succeeded": 200}
+        # 2 s per execution, 4 workers: 2 finish per second, fewer than one per worker.
+        assert pool.capacity == 4 + 4
+        await c.ledger.task_types_put(TaskTypesPut(TaskType(name="noop", kind=HandlerKind.NOOP)))
+        await trio.sleep(3600)
+        assert pool.statistics().finished == {"succeeded": 400}
+        assert pool.capacity == 4 + 1_000  # instant handlers: a full hand-off

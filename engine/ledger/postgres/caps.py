@@ -9,12 +9,13 @@ granted: under READ COMMITTED it sees every claim committed by the lock's previo
 
 Design
 ------
-* **Fast path.** The first statement claims the listed startable executions of every task
-  type *without* a cap (an anti-join with the few task types in the same statement). A
-  batch of those is done in that one statement, as if caps did not exist: no lock, no
-  count, no extra round trip.
-* **Capped path.** Only if some ids were left unclaimed -- capped, not startable or unknown
-  -- one read finds the capped task types of the startable ones among them. Those types
+* **Fast path.** The first statement (``executions.executions_claim``, fenced in itself)
+  claims the listed startable executions of every task type *without* a cap (an anti-join
+  with the few task types in the same statement). A batch of those is done in that one
+  statement, as if caps did not exist: no lock, no count, no extra round trip.
+* **Capped path** (:func:`claim_capped`, in a transaction whose fences are share-locked).
+  Only if some ids were left unclaimed -- capped, not startable or unknown -- one read finds
+  the capped task types of the startable ones among them. Those types
   are locked in key order (so two claims locking several types never deadlock; the fences'
   share locks are always taken before, by every claim), then one statement re-reads the
   caps, counts the running executions per type and claims, per type, the first
@@ -44,28 +45,22 @@ def cap_lock_key(task_type: str) -> int:
     return unsigned - (1 << 32) if unsigned >= _INT32_SIGN else unsigned
 
 
-async def claim_rows(
+async def claim_capped(
     connection: asyncpg.Connection,
     ids: list[str],
     lease_s: float,
     node_id: str,
     tokens: dict[int, int],
 ) -> list[asyncpg.Record]:
-    """Claim what may start of ``ids`` (without repeats, of fenced partitions) inside the
-    caller's transaction, whose fences already hold; the started rows, in no order."""
+    """Claim what may start of ``ids`` (left over by the fast path, which claims every
+    uncapped one) inside the caller's transaction, whose fences already hold: the started
+    rows, in no order."""
+    capped = [row["task_type"] for row in await connection.fetch(sql.TASK_TYPES_CAPPED_AMONG, ids)]
+    if not capped:
+        return []
+    await connection.execute(sql.CAP_LOCKS, sorted({cap_lock_key(name) for name in capped}))
     fenced = (list(tokens), list(tokens.values()))
     rows: list[asyncpg.Record] = await connection.fetch(
-        sql.EXECUTIONS_CLAIM, ids, lease_s, node_id, *fenced
+        sql.EXECUTIONS_CLAIM_CAPPED, ids, lease_s, node_id, *fenced, capped
     )
-    if len(rows) == len(ids):
-        return rows
-    started = {row["execution_id"] for row in rows}
-    rest = [value for value in ids if value not in started]
-    capped = [row["task_type"] for row in await connection.fetch(sql.TASK_TYPES_CAPPED_AMONG, rest)]
-    if not capped:
-        return rows
-    await connection.execute(sql.CAP_LOCKS, sorted({cap_lock_key(name) for name in capped}))
-    more = await connection.fetch(
-        sql.EXECUTIONS_CLAIM_CAPPED, rest, lease_s, node_id, *fenced, capped
-    )
-    return [*rows, *more]
+    return rows

@@ -1,8 +1,10 @@
 """Planning and execution operations (asyncio side; one coroutine per ledger method).
 
-Every ownership-dependent operation opens its transaction with
-:func:`~engine.ledger.postgres.fencing.require_fences`, so it either runs entirely under
-valid leases or changes nothing. Ids are checked against the fenced partitions in Python
+Every ownership-dependent operation either runs entirely under valid leases or changes
+nothing: multi-statement ones open their transaction with
+:func:`~engine.ledger.postgres.fencing.require_fences`; claim and complete, the hot path,
+are single statements that check their fences themselves (see
+:mod:`~engine.ledger.postgres.fencing`). Ids are checked against the fenced partitions in Python
 first (``partition_of`` of the schedule id, the part of an execution id before its first
 colon), so a misrouted id is refused before any round trip.
 
@@ -20,7 +22,7 @@ import asyncpg
 
 from engine.core.hashing import partition_of
 from engine.core.instants import format_utc, parse_instant
-from engine.errors import InvalidField, NotFound
+from engine.errors import InvalidField, LeaseLost, NotFound
 from engine.ledger.base import (
     BATCH_ROWS_MAX,
     PAGE_SIZE_MAX,
@@ -44,7 +46,7 @@ from engine.ledger.base import (
     encode_cursor,
 )
 from engine.ledger.postgres import caps, sql
-from engine.ledger.postgres.fencing import require_fences
+from engine.ledger.postgres.fencing import check_held, fence_arrays, require_fences
 from engine.ledger.postgres.rows import (
     attempt_from_row,
     aware,
@@ -169,13 +171,31 @@ async def executions_claim(store: Store, params: ExecutionsClaim) -> list[Execut
     ids = unique(params.execution_ids)
     tokens = _tokens(params.fences)
     _check_partition(_schedule_ids(ids), tokens.keys(), store.partition_count, what="execution")
-    async with store.transaction() as connection:
-        await require_fences(connection, params.fences)
-        if not ids:
-            return []
-        rows = await caps.claim_rows(connection, ids, lease_s, params.node_id, tokens)
-    started = [execution_from_row(row) for row in rows]
-    return sorted(started, key=lambda e: (e.planned_at, e.execution_id))
+    fenced = fence_arrays(params.fences)
+    if not ids:
+        async with store.transaction() as connection:
+            await require_fences(connection, params.fences)
+        return []
+    # The fast path: one statement, fenced in itself, claims what is not capped.
+    async with store.connection() as connection:
+        rows = await connection.fetch(sql.EXECUTIONS_CLAIM, ids, lease_s, params.node_id, *fenced)
+    check_held(rows[0], fenced[0])
+    started = [row for row in rows if row["execution_id"] is not None]
+    if len(started) < len(ids):
+        claimed = {row["execution_id"] for row in started}
+        rest = [value for value in ids if value not in claimed]
+        try:
+            async with store.transaction() as connection:
+                await require_fences(connection, params.fences)
+                started += await caps.claim_capped(
+                    connection, rest, lease_s, params.node_id, tokens
+                )
+        except LeaseLost:
+            # Lost since the fast path, whose claims stand (every fence held when they were
+            # made): the caller learns of the loss on its next fenced call.
+            pass
+    executions = [execution_from_row(row) for row in started]
+    return sorted(executions, key=lambda e: (e.planned_at, e.execution_id))
 
 
 async def executions_extend(store: Store, params: ExecutionsExtend) -> list[str]:
@@ -214,10 +234,13 @@ async def executions_complete(store: Store, params: ExecutionsComplete) -> Compl
     # Of repeated (id, attempt) pairs the first is tried; at most one attempt per id matches.
     distinct = list({(c.execution_id, c.attempt): c for c in reversed(completions)}.values())
     distinct.reverse()
+    fenced = fence_arrays(params.fences)
     winners: dict[str, int] = {}
-    async with store.transaction() as connection:
-        await require_fences(connection, params.fences)
-        if distinct:
+    if not distinct:
+        async with store.transaction() as connection:
+            await require_fences(connection, params.fences)
+    else:
+        async with store.connection() as connection:
             rows = await connection.fetch(
                 sql.EXECUTIONS_COMPLETE,
                 [c.execution_id for c in distinct],
@@ -226,10 +249,12 @@ async def executions_complete(store: Store, params: ExecutionsComplete) -> Compl
                 [c.not_before for c in distinct],
                 [c.error_code for c in distinct],
                 [c.error_message for c in distinct],
-                list(tokens),
-                list(tokens.values()),
+                *fenced,
             )
-            winners = {row["execution_id"]: row["attempt"] for row in rows}
+        check_held(rows[0], fenced[0])
+        winners = {
+            row["execution_id"]: row["attempt"] for row in rows if row["execution_id"] is not None
+        }
     applied: list[str] = []
     stale: list[str] = []
     for completion in completions:

@@ -19,6 +19,38 @@ from engine.ledger.base import Fence
 from engine.ledger.postgres import sql
 
 
+def lease_lost(partitions: set[int]) -> LeaseLost:
+    ordered = tuple(sorted(partitions))
+    return LeaseLost(
+        f"the lease of partition(s) {', '.join(map(str, ordered))} is no longer held "
+        "with this owner and fencing token; stop acting on them",
+        partitions=ordered,
+    )
+
+
+def fence_arrays(fences: list[Fence]) -> tuple[list[int], list[str], list[int]]:
+    """The fences as the partition, owner and token arrays of :data:`sql.FENCE_CTE`, each
+    partition once; ``LeaseLost`` for a partition named with two different owners or tokens
+    (it cannot hold under both)."""
+    held_as: dict[int, set[tuple[str, int]]] = {}
+    for fence in fences:
+        held_as.setdefault(fence.partition_id, set()).add((fence.owner_id, fence.fencing_token))
+    conflicting = {partition for partition, ways in held_as.items() if len(ways) > 1}
+    if conflicting:
+        raise lease_lost(conflicting)
+    partitions = list(held_as)
+    pairs = [next(iter(held_as[partition])) for partition in partitions]
+    return partitions, [owner for owner, _ in pairs], [token for _, token in pairs]
+
+
+def check_held(head: asyncpg.Record, partitions: list[int]) -> None:
+    """Raise ``LeaseLost`` unless the statement's fence check (the ``fences_held`` and
+    ``holding`` columns of :data:`sql.FENCE_CTE`'s ``held``) found every fence holding --
+    in which case the statement changed nothing."""
+    if head["fences_held"] != len(partitions):
+        raise lease_lost(set(partitions) - set(head["holding"] or ()))
+
+
 async def require_fences(connection: asyncpg.Connection, fences: list[Fence]) -> None:
     """Raise LeaseLost naming every partition whose fence does not hold (inside a txn)."""
     if not fences:
@@ -37,9 +69,4 @@ async def require_fences(connection: asyncpg.Connection, fences: list[Fence]) ->
         tokens.setdefault(fence.partition_id, set()).add((fence.owner_id, fence.fencing_token))
     lost |= {partition for partition, held_as in tokens.items() if len(held_as) > 1}
     if lost:
-        partitions = tuple(sorted(lost))
-        raise LeaseLost(
-            f"the lease of partition(s) {', '.join(map(str, partitions))} is no longer held "
-            "with this owner and fencing token; stop acting on them",
-            partitions=partitions,
-        )
+        raise lease_lost(lost)

@@ -404,22 +404,53 @@ SET status = 'running', attempt = e.attempt + 1, started_at = now(), finished_at
     attempt_expires_at = now() + make_interval(secs => $2), not_before = NULL,
     error_code = NULL, error_message = NULL, fencing_token = f.fencing_token, claimed_by = $3
 """
-"""The claim's effect; every claim statement passes the ids in ``$1``, the attempt lease in
-``$2``, the node in ``$3`` and the fenced partitions and tokens in ``$4``/``$5``."""
+"""The claim's effect, for an UPDATE joined to the fences as ``f``; every claim statement
+passes the ids in ``$1``, the attempt lease in ``$2`` and the node in ``$3``."""
 
-EXECUTIONS_CLAIM: Final = f"""{_CLAIM_UPDATE}
-FROM unnest($4::integer[], $5::bigint[]) AS f (partition_id, fencing_token)
-WHERE e.execution_id = ANY($1::text[])
-  AND e.partition_id = f.partition_id
-  AND e.status IN ('queued', 'failed')
-  AND e.startable_at <= now()
-  AND NOT EXISTS (
-      SELECT 1 FROM task_types AS t
-      WHERE t.name = e.task_type AND t.max_concurrency_cluster IS NOT NULL)
-RETURNING {_prefixed(EXECUTION_COLUMNS, "e")}
+
+def fence_cte(partitions: int, owners: int, tokens: int) -> str:
+    """The in-statement fence check of claim and complete, as CTEs ``fence`` (the fences that
+    hold: partition and token) and ``held`` (one row: ``fences_held``, their count, and
+    ``holding``, their partitions), given the parameter numbers of the partition, owner and
+    token arrays. A statement built on it writes only if ``held.fences_held`` equals the
+    number of fences passed, and returns ``held`` with its rows so the caller can tell
+    (:func:`engine.ledger.postgres.fencing.check_held`). The write itself joins the token
+    array, not ``fence``: the planner takes a CTE for one row, and with ``fence`` as the
+    outer side it re-scanned the batch's ids once per partition (measured: 4x slower)."""
+    return f"""fence AS (
+    SELECT l.partition_id, l.fencing_token
+    FROM partition_leases AS l
+    JOIN unnest(${partitions}::integer[], ${owners}::text[], ${tokens}::bigint[])
+         AS f (partition_id, owner_id, fencing_token)
+      ON l.partition_id = f.partition_id
+     AND l.owner_id = f.owner_id
+     AND l.fencing_token = f.fencing_token
+    WHERE l.expires_at > now()
+), held AS (
+    SELECT count(*) AS fences_held, array_agg(partition_id) AS holding FROM fence
+)"""
+
+
+EXECUTIONS_CLAIM: Final = f"""
+WITH {fence_cte(4, 5, 6)}, claimed AS ({_CLAIM_UPDATE}
+    FROM unnest($4::integer[], $6::bigint[]) AS f (partition_id, fencing_token)
+    WHERE e.execution_id = ANY($1::text[])
+      AND e.partition_id = f.partition_id
+      AND (SELECT fences_held FROM held) = cardinality($4::integer[])
+      AND e.status IN ('queued', 'failed')
+      AND e.startable_at <= now()
+      AND NOT EXISTS (
+          SELECT 1 FROM task_types AS t
+          WHERE t.name = e.task_type AND t.max_concurrency_cluster IS NOT NULL)
+    RETURNING {_prefixed(EXECUTION_COLUMNS, "e")}
+)
+SELECT held.fences_held, held.holding, claimed.* FROM held LEFT JOIN claimed ON true
 """
-"""Claim the listed startable executions whose task type has no cluster cap (the fast path:
-a batch of those needs nothing else; the few task types make the anti-join one small hash)."""
+"""Claim the listed startable executions whose task type has no cluster cap, fenced in the
+statement (the fast path: a batch of those needs nothing else; the few task types make the
+anti-join one small hash). One row per claimed execution, each with ``held``; a single row
+of ``held`` and NULLs when none was claimed. ``$1`` ids, ``$2`` attempt lease, ``$3`` node,
+``$4``-``$6`` fences."""
 
 # Cluster-wide concurrency caps (engine/ledger/postgres/caps.py). Only when EXECUTIONS_CLAIM
 # left some ids unclaimed does a claim look for startable ones of capped task types among
@@ -488,8 +519,8 @@ RETURNING e.execution_id
 """
 """Renew the attempt leases of the listed attempts that are still running."""
 
-EXECUTIONS_COMPLETE: Final = """
-WITH c AS (
+EXECUTIONS_COMPLETE: Final = f"""
+WITH {fence_cte(7, 8, 9)}, c AS (
     SELECT * FROM unnest($1::text[], $2::integer[], $3::text[], $4::timestamptz[],
                          $5::text[], $6::text[])
          AS c (execution_id, attempt, outcome, not_before, error_code, error_message)
@@ -501,25 +532,30 @@ WITH c AS (
         attempt_expires_at = NULL,
         error_code = c.error_code, error_message = c.error_message,
         fencing_token = f.fencing_token
-    FROM c, unnest($7::integer[], $8::bigint[]) AS f (partition_id, fencing_token)
+    FROM c, unnest($7::integer[], $9::bigint[]) AS f (partition_id, fencing_token)
     WHERE e.execution_id = c.execution_id
       AND e.attempt = c.attempt
       AND e.status = 'running'
       AND e.partition_id = f.partition_id
+      AND (SELECT fences_held FROM held) = cardinality($7::integer[])
     RETURNING e.execution_id, e.attempt, c.outcome, e.started_at, e.error_code,
               e.error_message, e.claimed_by
+), recorded AS (
+    INSERT INTO execution_attempts (
+        execution_id, attempt, outcome, started_at, finished_at, error_code, error_message,
+        claimed_by)
+    SELECT execution_id, attempt, outcome, started_at, now(), error_code, error_message,
+           claimed_by
+    FROM finished
+    RETURNING execution_id, attempt
 )
-INSERT INTO execution_attempts (
-    execution_id, attempt, outcome, started_at, finished_at, error_code, error_message,
-    claimed_by)
-SELECT execution_id, attempt, outcome, started_at, now(), error_code, error_message,
-       claimed_by
-FROM finished
-RETURNING execution_id, attempt
+SELECT held.fences_held, held.holding, recorded.execution_id, recorded.attempt
+FROM held LEFT JOIN recorded ON true
 """
-"""Finish the current attempts and record them in the history, in one statement.
+"""Finish the current attempts and record them in the history, fenced, in one statement.
 ``finished_at`` is set exactly while an execution is terminal, so a failed attempt leaves it
-empty and waits for ``not_before`` (now, when the worker gave no retry time)."""
+empty and waits for ``not_before`` (now, when the worker gave no retry time). Rows as
+:data:`EXECUTIONS_CLAIM`: ``held`` with each recorded attempt, or alone."""
 
 EXECUTIONS_SKIP: Final = """
 UPDATE executions AS e
