@@ -6,7 +6,7 @@ expression whose ``next_run_at`` is T, far enough ahead for creating and loading
 the ``noop`` task type (default retry policy). One real node runs in-process (PostgresLedger
 on the bridge, real clock, default ``NodeConfig`` except its id, the log level, the worker
 count and the dispatch pacing). A second thread polls the database with plain asyncpg every
-0.2 s until all N have succeeded or the timeout runs out. Reported per configuration:
+0.5 s until all N have succeeded or the timeout runs out. Reported per configuration:
 
 * ``lead_s``: T - max(enqueued_at) -- positive when the whole burst was durable before T;
 * ``all_succeeded_s``: max(finished_at) - T (database clock), and ``executions_per_s`` =
@@ -68,7 +68,7 @@ from engine.node import Node
 TENANTS: Final = 20
 CREATE_BATCH: Final = 10_000
 CEILING_BATCH: Final = 5_000
-POLL_S: Final = 0.2
+POLL_S: Final = 0.5
 SLO_S: Final = 60.0
 TARGET_PER_S: Final = 10_000.0
 
@@ -181,12 +181,13 @@ async def create_schedules(url: str, n: int) -> datetime:
     return burst_at
 
 
-REMAINING: Final = """
-SELECT (SELECT count(*) FROM executions WHERE status IN ('queued', 'failed'))
-     + (SELECT count(*) FROM executions WHERE status = 'running')
+UNFINISHED: Final = """
+SELECT EXISTS (SELECT 1 FROM executions WHERE status IN ('queued', 'failed'))
+    OR EXISTS (SELECT 1 FROM executions WHERE status = 'running')
 """
-"""Cheap while the burst runs: both read only the small partial indexes of startable and
-running executions."""
+"""Cheap while the burst runs: each stops at the first entry of a small partial index. (A
+count there was not: without vacuum, every poll re-read the heap behind every dead index
+entry of the burst -- measured as a fifth of the database's CPU.)"""
 
 SUCCEEDED: Final = """
 SELECT count(*) FROM executions WHERE planned_at = $1 AND status = 'succeeded'
@@ -201,7 +202,7 @@ async def _poll(url: str, n: int, burst_at: datetime, timeout_s: float) -> dict[
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             peak_rss = max(peak_rss, rss_mb())
-            if await connection.fetchval(REMAINING) == 0:
+            if not await connection.fetchval(UNFINISHED):
                 succeeded = await connection.fetchval(SUCCEEDED, burst_at)
                 if succeeded >= n:
                     break
@@ -212,7 +213,7 @@ async def _poll(url: str, n: int, burst_at: datetime, timeout_s: float) -> dict[
 
 
 def poll_until_succeeded(url: str, n: int, burst_at: datetime, timeout_s: float) -> dict[str, Any]:
-    """Runs in its own thread and uvloop loop: from T, poll every 0.2 s until all N have
+    """Runs in its own thread and uvloop loop: from T, poll every 0.5 s until all N have
     succeeded or ``timeout_s`` has passed; samples the process's RSS meanwhile."""
     return uvloop.run(_poll(url, n, burst_at, timeout_s))
 

@@ -79,6 +79,8 @@ instant (:meth:`Dispatcher.request_fetch`), so this only catches what nobody ann
 (replays, re-queued attempts, executions of a partition just taken over)."""
 FETCH_AHEAD_S_DEFAULT: Final = 2.0
 CLAIM_BATCH_DEFAULT: Final = 500
+READ_AHEAD_PAGES: Final = 4
+"""Fetched pages whose schedules wait to be read; a fetch beyond waits (backpressure)."""
 CLAIMERS: Final = 2
 """Claims in flight at once: the next batch is claimed while the previous one's round trip
 is still out."""
@@ -161,6 +163,7 @@ class Dispatcher:
         )
         self._wake = trio.Event()
         self._fetched = trio.Event()
+        self._to_read, self._pages_to_read = trio.open_memory_channel[list[str]](READ_AHEAD_PAGES)
         self._counts = {
             "claimed": 0,
             "not_claimed": 0,
@@ -180,6 +183,8 @@ class Dispatcher:
         """``buffer_one``: the one execution per schedule waiting for its run to finish."""
         self._dispatching: set[str] = set()
         """Popped, and not yet claimed or given up: still startable in the ledger."""
+        self._gate_room: int | None = None
+        """While the dispatch loop waits for room in the worker pool: how much it waits for."""
         self._claiming = 0
         """Admitted executions of batches being claimed: they will need a worker too."""
         self._fetch_at: datetime | None = None
@@ -202,7 +207,15 @@ class Dispatcher:
         the execution its schedule holds back (``buffer_one``), if any."""
         self._limits.finished(execution.tenant_id, execution.task_type)
         self._started_done(execution.schedule_id)
-        self._nudge()
+        if self._gate_room is None or self._workers.free - self._claiming >= self._gate_room:
+            self._nudge()  # at the gate, only once there is a batch's worth of room
+
+    def _wants_more(self) -> bool:
+        """Whether to fetch the next page at once: the ledger holds more startable work and
+        a page fits. The queue fills up to its bound, because fairness across tenants can
+        only weigh what has been fetched: a big tenant's thousands, fetched first, must not
+        keep a small tenant's few in the ledger."""
+        return self._backlog and self.queue.room - len(self._held) >= PAGE_SIZE_MAX
 
     def _nudge(self) -> None:
         """Wake the dispatch loop: there may be work or room now."""
@@ -212,6 +225,7 @@ class Dispatcher:
     async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._fetch_loop)
+            nursery.start_soon(self._read_schedules)
             nursery.start_soon(self._dispatch_loop)
             task_status.started()
 
@@ -253,8 +267,9 @@ class Dispatcher:
         )
         self._counts["fetches"] += 1
         if added:
-            # Read their schedules now, off the dispatch path (it needs their overlap policy).
-            await self._schedules.prefetch([execution.schedule_id for execution in due])
+            # Have their schedules read meanwhile, off the dispatch path (it needs their
+            # overlap policy) and off this loop (the next page is fetched at the same time).
+            await self._to_read.send([execution.schedule_id for execution in due])
             self._nudge()
         return added
 
@@ -503,6 +518,7 @@ class Dispatcher:
         for tenant in await self._ledger.tenants_list():
             self._limits.set_tenant_quota(tenant.tenant_id, tenant.concurrency_quota)
             self.queue.set_weight(tenant.tenant_id, tenant.weight)
+            self.queue.set_tenant_rate(tenant.tenant_id, tenant.rate_per_s, tenant.burst)
         self._settings_due = self._clock.monotonic() + SETTINGS_REFRESH_S
 
     async def _fetch_loop(self) -> None:
@@ -521,7 +537,7 @@ class Dispatcher:
             wait_s = self.config.fetch_interval_s
             if self._fetch_at is not None:
                 wait_s = min(wait_s, max((self._fetch_at - now).total_seconds(), 0.0))
-            if self._backlog and len(self.queue) < self.config.claim_batch:
+            if self._wants_more():
                 wait_s = 0.0  # more is startable in the ledger and the queue is running low
             self._wake = trio.Event()
             with trio.move_on_after(wait_s):
@@ -537,17 +553,25 @@ class Dispatcher:
                 # worker pool (beyond what is being claimed), wait (each finish nudges).
                 room = min(self.config.claim_batch, self._workers.capacity // 4)
                 while self._workers.free - self._claiming < room:
-                    await self._fetched.wait()
+                    self._gate_room = room
+                    try:
+                        await self._fetched.wait()
+                    finally:
+                        self._gate_room = None
                 batch = self._pop_batch()
                 if batch:
                     admitted, _ = await self._admit_batch(batch)
                     if admitted:
                         await batches.send(admitted)
-                if self._backlog and len(self.queue) < self.config.claim_batch:
+                if self._wants_more():
                     self._wake.set()  # the ledger holds more startable work: fetch the next page
                 if batch:
                     continue
                 await self._wait_for_work()
+
+    async def _read_schedules(self) -> None:
+        async for schedule_ids in self._pages_to_read:
+            await self._schedules.prefetch(schedule_ids)
 
     async def _claimer(self, claims: trio.MemoryReceiveChannel[list[Execution]]) -> None:
         async for admitted in claims:
@@ -558,8 +582,16 @@ class Dispatcher:
         wait_s = self.config.fetch_interval_s
         upcoming = self.queue.next_due_at()
         if upcoming is not None:
-            wait_s = min(wait_s, max((upcoming - self._monitor.now()).total_seconds(), 0))
-        if self._bucket is not None:
-            wait_s = min(wait_s, max(self._bucket.wait_s(self._clock.monotonic()), 0.001))
+            # Past means it is due but was not popped (the token bucket is empty): the
+            # bucket's wait below decides, or this would spin until a token comes.
+            ahead_s = (upcoming - self._monitor.now()).total_seconds()
+            if ahead_s > 0:
+                wait_s = min(wait_s, ahead_s)
+        if self._bucket is not None and len(self.queue):
+            # Only while something waits for a token: an idle node with a rate must not wake
+            # every millisecond (its bucket is full, its wait zero).
+            token_s = self._bucket.wait_s(self._clock.monotonic())
+            if token_s > 0:
+                wait_s = min(wait_s, max(token_s, 0.001))
         with trio.move_on_after(max(wait_s, 0.001) if math.isfinite(wait_s) else 1.0):
             await self._fetched.wait()

@@ -4,12 +4,16 @@ The dispatcher reads each due execution's schedule (its overlap policy) and the 
 payload; both share one cache per node. A deleted schedule is cached as ``None``. Entries
 live ``ttl_s`` (a change reaches the node within that time -- the change feed is the fast
 path for planning, this only serves execution). The cache holds at most ``max_entries``;
-when full it starts over, which only costs a re-read.
+when full, the oldest tenth goes (re-reading one later costs a round trip).
 """
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Mapping
 from typing import Final
+
+import trio
 
 from engine.clock import Clock
 from engine.errors import CarillonError, NotFound
@@ -17,7 +21,7 @@ from engine.ledger.base import PAGE_SIZE_MAX, Ledger
 from engine.model import Schedule
 
 SCHEDULE_CACHE_MAX: Final = 100_000
-"""Schedules cached at most; when full, the cache starts over (they are read again)."""
+"""Schedules cached at most."""
 
 
 class ScheduleCache:
@@ -35,39 +39,74 @@ class ScheduleCache:
         self._ttl_s = ttl_s
         self._max_entries = max_entries
         self._entries: dict[str, tuple[float, Schedule | None]] = {}
+        self._reading: dict[str, trio.Event] = {}
+        """Schedules being read now: whoever needs one meanwhile waits for that read."""
+
+    def _fresh(self, schedule_id: str, now: float) -> bool:
+        cached = self._entries.get(schedule_id)
+        return cached is not None and cached[0] > now
 
     async def get(self, schedule_id: str) -> Schedule | None:
         """The schedule, or ``None`` if it is deleted (at most ``ttl_s`` old)."""
-        now = self._clock.monotonic()
         cached = self._entries.get(schedule_id)
-        if cached is not None and cached[0] > now:
+        if cached is not None and cached[0] > self._clock.monotonic():
             return cached[1]
+        reading = self._reading.get(schedule_id)
+        if reading is not None:
+            await reading.wait()
+            cached = self._entries.get(schedule_id)
+            if cached is not None:
+                return cached[1]
+        done = self._reading[schedule_id] = trio.Event()
         try:
-            schedule: Schedule | None = await self._ledger.schedules_get(schedule_id)
-        except NotFound:
-            schedule = None
-        if len(self._entries) >= self._max_entries:
-            self._entries.clear()
-        self._entries[schedule_id] = (now + self._ttl_s, schedule)
+            try:
+                schedule: Schedule | None = await self._ledger.schedules_get(schedule_id)
+            except NotFound:
+                schedule = None
+            self._store({schedule_id: schedule}, [schedule_id])
+        finally:
+            del self._reading[schedule_id]
+            done.set()
         return schedule
 
     async def prefetch(self, schedule_ids: list[str]) -> None:
-        """Read the listed schedules that are not cached, :data:`PAGE_SIZE_MAX` per round
-        trip; a read error is left for :meth:`get` to raise."""
+        """Read the listed schedules that are neither cached nor being read,
+        :data:`PAGE_SIZE_MAX` per round trip, and wait for those being read; a read error
+        is left for :meth:`get` to raise."""
         now = self._clock.monotonic()
-        missing = [
-            sid
-            for sid in dict.fromkeys(schedule_ids)
-            if (cached := self._entries.get(sid)) is None or cached[0] <= now
-        ]
+        wanted = dict.fromkeys(schedule_ids)
+        missing = [s for s in wanted if not self._fresh(s, now) and s not in self._reading]
+        waits = [self._reading[s] for s in wanted if s in self._reading]
         for first in range(0, len(missing), PAGE_SIZE_MAX):
             chunk = missing[first : first + PAGE_SIZE_MAX]
+            done = trio.Event()
+            for schedule_id in chunk:
+                self._reading[schedule_id] = done
             try:
                 found = await self._ledger.schedules_get_many(chunk)
+                self._store(found, chunk)
             except CarillonError:
                 return
-            if len(self._entries) + len(chunk) > self._max_entries:
-                self._entries.clear()
-            expires = now + self._ttl_s
-            for schedule_id in chunk:
-                self._entries[schedule_id] = (expires, found.get(schedule_id))
+            finally:
+                for schedule_id in chunk:
+                    del self._reading[schedule_id]
+                done.set()
+        for event in waits:
+            await event.wait()
+
+    def _store(self, found: Mapping[str, Schedule | None], schedule_ids: list[str]) -> None:
+        self._make_room(len(schedule_ids))
+        expires = self._clock.monotonic() + self._ttl_s
+        for schedule_id in schedule_ids:
+            self._entries.pop(schedule_id, None)  # re-read: it goes to the back
+            self._entries[schedule_id] = (expires, found.get(schedule_id))
+
+    def _make_room(self, needed: int) -> None:
+        """Forget the oldest entries (first read, first forgotten) until ``needed`` more fit:
+        in a burst larger than the cache, those are the schedules already run, while the ones
+        just read for queued executions stay."""
+        excess = len(self._entries) + needed - self._max_entries
+        if excess <= 0:
+            return
+        for schedule_id in list(itertools.islice(self._entries, excess + self._max_entries // 10)):
+            del self._entries[schedule_id]

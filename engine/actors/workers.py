@@ -267,8 +267,7 @@ class WorkerPool:
                 self._busy += 1
                 started = self._clock.monotonic()
                 try:
-                    with trio.CancelScope() as held.scope:
-                        await self._execute(work)
+                    await self._execute(work, held)
                 finally:
                     self._busy -= 1
                     duration_s = self._clock.monotonic() - started
@@ -277,7 +276,7 @@ class WorkerPool:
                 self._held.pop(key, None)
                 self._on_finished(work.execution)
 
-    async def _execute(self, work: Work) -> None:
+    async def _execute(self, work: Work, held: _Held) -> None:
         execution = work.execution
         policy = RetryPolicy()
         try:
@@ -295,7 +294,21 @@ class WorkerPool:
                 # Deleted while it ran: the attempt still gets its context.
                 payload={} if schedule is None else schedule.payload,
             )
-            result = await self._run_handler(kind.handler, context, kind.task_type.timeout_s)
+            if held.abandoned:
+                return  # taken away while its context was prepared
+            timeout_s = kind.task_type.timeout_s
+            # One scope for both ends of a run: the deadline (the handler hangs) and an
+            # abandonment (the attempt was taken away; see _abandon).
+            with trio.CancelScope(deadline=trio.current_time() + timeout_s + TIMEOUT_GRACE_S) as (
+                held.scope
+            ):
+                result = await kind.handler.run(context)
+            if held.scope.cancelled_caught:
+                if held.abandoned:
+                    return  # no completion: the attempt that replaced it counts
+                result = HandlerResult.transient(
+                    "timeout", f"the handler did not return within {timeout_s:g} s"
+                )
         except CarillonError as exc:
             log.error("execution %s cannot run: %s", execution.execution_id, exc)
             result = HandlerResult.unknown("setup_error", str(exc))
@@ -320,15 +333,6 @@ class WorkerPool:
                 result.error_code,
                 result.error_message,
             ),
-        )
-
-    async def _run_handler(
-        self, handler: Handler, context: ExecutionContext, timeout_s: float
-    ) -> HandlerResult:
-        with trio.move_on_after(timeout_s + TIMEOUT_GRACE_S):
-            return await handler.run(context)
-        return HandlerResult.transient(
-            "timeout", f"the handler did not return within {timeout_s:g} s"
         )
 
     # -- attempt leases -----------------------------------------------------------------------

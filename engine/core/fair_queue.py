@@ -32,6 +32,11 @@ weights, from a fresh queue, after any ``k`` pops every tenant's count ``c_i`` h
 ``|c_i - k * w_i / W| < 1`` (``W`` the weight total): each prefix is within one item of the
 exact weighted share, and the tenants interleave (weights 3:1:1 pop as A B A C A).
 
+*Tenant rates.* A tenant may have a token bucket of its own (:meth:`FairQueue.
+set_tenant_rate`). Picked with no token, it is parked like a capped tenant, keeping its
+offset, and rejoins at the instant its next token comes (:meth:`FairQueue.next_due_at`
+reports it, so the caller wakes in time); the other tenants go on meanwhile.
+
 *Joining, leaving, caps.* A tenant joins at ``V`` (no lag) when it gets a due item and leaves,
 forgetting its lag (at most one turn), when it has none. A tenant picked but unable to start
 (tenant quota full, or every due lane's task type capped) is *parked*: it leaves the
@@ -52,12 +57,13 @@ import enum
 import heapq
 import math
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Final, Generic, TypeVar
 
 import msgspec
 
 from engine.core.dispatch import ConcurrencyLimits, Dispatchable, due_at
+from engine.core.token_bucket import TokenBucket
 
 WEIGHT_DEFAULT: Final = 1
 WEIGHT_MAX: Final = 1000
@@ -101,6 +107,7 @@ class _Tenant(Generic[T]):
         "lanes",
         "offset",
         "parked_on_quota",
+        "parked_on_rate",
         "phase",
         "queued",
         "version",
@@ -121,6 +128,7 @@ class _Tenant(Generic[T]):
         self.vt = 0
         self.offset = 0
         self.parked_on_quota = False
+        self.parked_on_rate = False
         self.version = 0
         """Bumped on every change of phase, weight or virtual time: older heap entries lapse."""
 
@@ -152,6 +160,9 @@ class FairQueue(Generic[T]):
         self._by_eligible: list[tuple[int, str, int]] = []
         self._by_deadline: list[tuple[int, str, int]] = []
         self._parked_on_type: dict[str, list[tuple[int, str, int]]] = {}
+        self._buckets: dict[str, TokenBucket] = {}
+        self._parked_on_rate: list[tuple[datetime, str, int]] = []
+        """Tenants out of tokens, by the instant their next token comes."""
         self._duplicates_total = 0
         self._overflows_total = 0
         for tenant_id, weight in (weights or {}).items():
@@ -207,9 +218,31 @@ class FairQueue(Generic[T]):
             tenant.version += 1
             self._push_eligible(tenant_id, tenant)
 
+    def set_tenant_rate(self, tenant_id: str, rate_per_s: float | None, burst: int | None) -> None:
+        """Bound how fast ``tenant_id``'s items start: ``rate_per_s`` sustained, ``burst`` at
+        once (default: one second's worth); ``None``: no rate of its own. A tenant out of
+        tokens is parked -- it keeps its place, the others go on -- until its next token."""
+        if rate_per_s is None:
+            self._buckets.pop(tenant_id, None)
+            tenant = self._tenants.get(tenant_id)
+            if tenant is not None and tenant.parked_on_rate:
+                self._wake(tenant_id, tenant)
+            return
+        allowance = burst if burst is not None else max(1, math.ceil(rate_per_s))
+        current = self._buckets.get(tenant_id)
+        if current is None or (current.rate_per_s, current.burst) != (rate_per_s, allowance):
+            self._buckets[tenant_id] = TokenBucket(rate_per_s, allowance)
+
     def next_due_at(self) -> datetime | None:
-        """The earliest instant a not-yet-due item becomes due (``None``: none waiting)."""
-        return self._pending[0][0] if self._pending else None
+        """The earliest instant something waiting may start: a not-yet-due item becomes due,
+        or a tenant out of tokens gets its next one (``None``: nothing waits on time)."""
+        while self._parked_on_rate:
+            _, tenant_id, version = self._parked_on_rate[0]
+            if self._live(tenant_id, version, _Phase.PARKED) is not None:
+                break
+            heapq.heappop(self._parked_on_rate)
+        times = [entry[0][0] for entry in (self._pending, self._parked_on_rate) if entry]
+        return min(times) if times else None
 
     def statistics(self) -> FairQueueStatistics:
         return FairQueueStatistics(
@@ -258,13 +291,21 @@ class FairQueue(Generic[T]):
             tenant_id = entry[2].tenant_id
             self._release(tenant_id, self._tenants[tenant_id], entry)
         self._wake_freed()
+        self._wake_rated(self._now)
+        clock_s = self._now.timestamp()
         while self._competing:
             tenant_id = self._select()
             tenant = self._tenants[tenant_id]
+            bucket = self._buckets.get(tenant_id)
+            if bucket is not None and (wait_s := bucket.wait_s(clock_s)) > 0:
+                self._park_on_rate(tenant_id, tenant, self._now + timedelta(seconds=wait_s))
+                continue
             task_type = self._startable_lane(tenant_id, tenant)
             if task_type is None:
                 self._park(tenant_id, tenant)
             else:
+                if bucket is not None:
+                    bucket.take(clock_s)
                 return self._take(tenant_id, tenant, task_type)
         return None
 
@@ -280,7 +321,9 @@ class FairQueue(Generic[T]):
         tenant.due += 1
         if tenant.phase is _Phase.IDLE:
             self._join(tenant_id, tenant, offset=0)
-        elif tenant.phase is _Phase.PARKED and not tenant.parked_on_quota:
+        elif tenant.phase is _Phase.PARKED and not (
+            tenant.parked_on_quota or tenant.parked_on_rate
+        ):
             if self._limits.task_type_has_room(task_type):
                 self._wake(tenant_id, tenant)
             elif new_lane:
@@ -402,6 +445,22 @@ class FairQueue(Generic[T]):
             for task_type in tenant.lanes:
                 self._wait_on_type(tenant_id, tenant, task_type)
 
+    def _park_on_rate(self, tenant_id: str, tenant: _Tenant[T], until: datetime) -> None:
+        turn = TURN // tenant.weight
+        tenant.offset = min(max(tenant.vt - self._v_floor(), -turn), turn)
+        self._leave(tenant, _Phase.PARKED)
+        self._parked += 1
+        tenant.parked_on_rate = True
+        heapq.heappush(self._parked_on_rate, (until, tenant_id, tenant.version))
+
+    def _wake_rated(self, now: datetime) -> None:
+        """Wake the tenants whose next token has come."""
+        while self._parked_on_rate and self._parked_on_rate[0][0] <= now:
+            _, tenant_id, version = heapq.heappop(self._parked_on_rate)
+            tenant = self._live(tenant_id, version, _Phase.PARKED)
+            if tenant is not None and tenant.parked_on_rate:
+                self._wake(tenant_id, tenant)
+
     def _wait_on_type(self, tenant_id: str, tenant: _Tenant[T], task_type: str) -> None:
         waiting = self._parked_on_type.setdefault(task_type, [])
         heapq.heappush(waiting, (tenant.offset + TURN // tenant.weight, tenant_id, tenant.version))
@@ -410,6 +469,7 @@ class FairQueue(Generic[T]):
             heapq.heapify(waiting)
 
     def _wake(self, tenant_id: str, tenant: _Tenant[T]) -> None:
+        tenant.parked_on_rate = False
         self._parked -= 1
         self._join(tenant_id, tenant, offset=tenant.offset)
 
@@ -420,7 +480,7 @@ class FairQueue(Generic[T]):
         while waiting and (room is None or room > 0):
             _, tenant_id, version = heapq.heappop(waiting)
             tenant = self._live(tenant_id, version, _Phase.PARKED)
-            if tenant is None or tenant.parked_on_quota:
+            if tenant is None or tenant.parked_on_quota or tenant.parked_on_rate:
                 continue
             if not self._limits.tenant_has_room(tenant_id):
                 tenant.parked_on_quota = True  # its quota wakes it now, not this type
@@ -437,6 +497,7 @@ class FairQueue(Generic[T]):
             if (
                 tenant is not None
                 and tenant.phase is _Phase.PARKED
+                and not tenant.parked_on_rate
                 and self._limits.tenant_has_room(tenant_id)
             ):
                 self._wake(tenant_id, tenant)

@@ -246,6 +246,31 @@ def test_a_quota_that_frees_at_once_costs_the_tenant_nothing() -> None:
     assert Counter(tenants_of(pop_all(queue, limit=90))) == {"A": 30, "B": 30, "C": 30}
 
 
+def test_a_tenant_rate_bounds_its_starts_while_the_others_go_on() -> None:
+    queue: FairQueue[Item] = FairQueue()
+    queue.set_tenant_rate("A", 10.0, 2)
+    fill(queue, "A", 500)
+    fill(queue, "B", 500)
+    started: Counter[str] = Counter()
+    for tick in range(101):  # 10 s in steps of 0.1 s
+        started.update(tenants_of(pop_all(queue, at(tick / 10), limit=4)))
+    assert started["A"] == 2 + 10 * 10  # the burst, then 10 a second
+    assert started["B"] == 101 * 4 - started["A"]  # B took every start A could not
+
+
+def test_a_tenant_out_of_tokens_is_reported_by_next_due_at_and_keeps_its_place() -> None:
+    queue: FairQueue[Item] = FairQueue()
+    queue.set_tenant_rate("A", 2.0, 1)
+    fill(queue, "A", 10)
+    assert tenants_of(pop_all(queue, T0)) == "A"
+    assert queue.next_due_at() == at(0.5)  # its next token
+    assert queue.pop(at(0.4)) is None
+    fill(queue, "B", 1)
+    assert tenants_of(pop_all(queue, at(0.5))) == "AB"  # A first: it kept its place
+    queue.set_tenant_rate("A", None, None)  # no rate of its own any more
+    assert len(pop_all(queue, at(0.5))) == 8
+
+
 def test_room_a_woken_tenant_cannot_use_passes_to_the_next_one_waiting() -> None:
     limits = ConcurrencyLimits(task_type_caps={"X": 1})
     queue: FairQueue[Item] = FairQueue(limits=limits)

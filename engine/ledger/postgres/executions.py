@@ -26,6 +26,7 @@ from engine.errors import InvalidField, LeaseLost, NotFound
 from engine.ledger.base import (
     BATCH_ROWS_MAX,
     PAGE_SIZE_MAX,
+    Attempt,
     CompleteResult,
     ExecutionDetail,
     ExecutionsClaim,
@@ -54,6 +55,7 @@ from engine.ledger.postgres.rows import (
     check_batch,
     check_duration,
     check_limit,
+    execution_from_columns,
     execution_from_row,
     in_order,
     unique,
@@ -162,7 +164,7 @@ async def executions_due(store: Store, params: ExecutionsDue) -> list[Execution]
             after_at,
             after_id,
         )
-    return [execution_from_row(row) for row in rows]
+    return [execution_from_columns(row) for row in rows]
 
 
 async def executions_claim(store: Store, params: ExecutionsClaim) -> list[Execution]:
@@ -180,21 +182,20 @@ async def executions_claim(store: Store, params: ExecutionsClaim) -> list[Execut
     async with store.connection() as connection:
         rows = await connection.fetch(sql.EXECUTIONS_CLAIM, ids, lease_s, params.node_id, *fenced)
     check_held(rows[0], fenced[0])
-    started = [row for row in rows if row["execution_id"] is not None]
-    if len(started) < len(ids):
-        claimed = {row["execution_id"] for row in started}
+    # Each row: held's two columns, then the claimed execution's (NULLs when none was).
+    executions = [execution_from_columns(row, 2) for row in rows if row[2] is not None]
+    if len(executions) < len(ids):
+        claimed = {execution.execution_id for execution in executions}
         rest = [value for value in ids if value not in claimed]
         try:
             async with store.transaction() as connection:
                 await require_fences(connection, params.fences)
-                started += await caps.claim_capped(
-                    connection, rest, lease_s, params.node_id, tokens
-                )
+                capped = await caps.claim_capped(connection, rest, lease_s, params.node_id, tokens)
+            executions += [execution_from_columns(row) for row in capped]
         except LeaseLost:
             # Lost since the fast path, whose claims stand (every fence held when they were
             # made): the caller learns of the loss on its next fenced call.
             pass
-    executions = [execution_from_row(row) for row in started]
     return sorted(executions, key=lambda e: (e.planned_at, e.execution_id))
 
 
@@ -307,9 +308,23 @@ async def executions_get(store: Store, execution_id_: str) -> ExecutionDetail:
         if row is None:
             raise NotFound(f"execution {execution_id_!r} does not exist")
         attempts = await connection.fetch(sql.ATTEMPTS_GET, execution_id_)
-    return ExecutionDetail(
-        execution=execution_from_row(row), attempts=[attempt_from_row(a) for a in attempts]
-    )
+    execution = execution_from_row(row)
+    history = [attempt_from_row(a) for a in attempts]
+    if (
+        execution.status is ExecutionStatus.SUCCEEDED
+        and execution.finished_at is not None
+        and all(a.attempt != execution.attempt for a in history)
+    ):
+        # The succeeded attempt lives on the execution row only (see EXECUTIONS_COMPLETE).
+        history.append(
+            Attempt(
+                attempt=execution.attempt,
+                outcome=str(ExecutionStatus.SUCCEEDED),
+                started_at=execution.started_at,
+                finished_at=execution.finished_at,
+            )
+        )
+    return ExecutionDetail(execution=execution, attempts=history)
 
 
 async def executions_query(store: Store, params: ExecutionsQuery) -> Page[Execution]:

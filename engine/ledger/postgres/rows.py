@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, Final, TypeVar
 
+import asyncpg
+
 from engine.core.dst import DstGap, DstOverlap
 from engine.errors import InvalidField
 from engine.ledger.base import Attempt, ChangeKind, NodeInfo, ScheduleChange
@@ -41,6 +43,7 @@ _DST_GAP: Final = {member.value: member for member in DstGap}
 _DST_OVERLAP: Final = {member.value: member for member in DstOverlap}
 _OVERLAP: Final = {member.value: member for member in OverlapPolicy}
 _STATUS: Final = {member.value: member for member in ExecutionStatus}
+_EXECUTION_COLUMN_COUNT: Final = 16
 
 
 def schedule_from_row(row: Row) -> Schedule:
@@ -67,6 +70,8 @@ def schedule_from_row(row: Row) -> Schedule:
 
 
 def execution_from_row(row: Row) -> Execution:
+    """An execution from a row of :data:`~engine.ledger.postgres.sql.EXECUTION_COLUMNS`
+    (read by name; see :func:`execution_from_columns` for the hot path)."""
     return Execution(
         execution_id=row["execution_id"],
         schedule_id=row["schedule_id"],
@@ -84,6 +89,48 @@ def execution_from_row(row: Row) -> Execution:
         fencing_token=row["fencing_token"],
         partition_id=row["partition_id"],
         attempt_expires_at=row["attempt_expires_at"],
+    )
+
+
+def execution_from_columns(row: asyncpg.Record, first: int = 0) -> Execution:
+    """An execution from :data:`~engine.ledger.postgres.sql.EXECUTION_COLUMNS` starting at
+    column ``first``, read by position: half the cost of by name, which shows in a burst
+    (every execution is read twice, when fetched and when claimed)."""
+    (
+        execution_id_,
+        schedule_id,
+        tenant_id,
+        task_type,
+        planned_at,
+        status,
+        attempt,
+        enqueued_at,
+        not_before,
+        started_at,
+        finished_at,
+        error_code,
+        error_message,
+        fencing_token,
+        partition_id,
+        attempt_expires_at,
+    ) = row[first : first + _EXECUTION_COLUMN_COUNT]
+    return Execution(
+        execution_id=execution_id_,
+        schedule_id=schedule_id,
+        tenant_id=tenant_id,
+        task_type=task_type,
+        planned_at=planned_at,
+        status=_STATUS[status],
+        attempt=attempt,
+        enqueued_at=enqueued_at,
+        not_before=not_before,
+        started_at=started_at,
+        finished_at=finished_at,
+        error_code=error_code,
+        error_message=error_message,
+        fencing_token=fencing_token,
+        partition_id=partition_id,
+        attempt_expires_at=attempt_expires_at,
     )
 
 

