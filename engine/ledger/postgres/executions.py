@@ -112,6 +112,8 @@ async def executions_plan(store: Store, params: ExecutionsPlan) -> PlanResult:
         advanced = await _advance(connection, advances)
         if checkpoint is not None:
             await connection.execute(sql.CHECKPOINT_ADVANCE, fence.partition_id, checkpoint)
+    if inserted:
+        await store.note_planned(len(inserted))
     moved = set(advanced)
     stale = [a.schedule_id for a in advances if a.schedule_id not in moved]
     return PlanResult(inserted=inserted, advanced=advanced, stale=stale)

@@ -14,6 +14,7 @@ most one :class:`~engine.errors.LedgerUnavailable` per operation in flight.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Final, TypeVar
@@ -38,6 +39,9 @@ CONTROL_POOL_SIZE: Final = 2
 """Connections reserved for lease, membership and clock operations."""
 
 
+ANALYZE_AFTER_ROWS: Final = 50_000
+
+
 class Store:
     """Two pools of connections and the cluster's fixed partition count.
 
@@ -52,6 +56,24 @@ class Store:
         self.pool = pool
         self.control = control or pool
         self.partition_count = partition_count
+        self._planned_unanalyzed = 0
+
+    async def note_planned(self, rows: int) -> None:
+        """Count executions this process inserted, and refresh the executions table's
+        statistics every :data:`ANALYZE_AFTER_ROWS` of them. A burst planned faster than
+        autovacuum analyzes (or with autovacuum off) otherwise leaves the query planner
+        believing the startable backlog holds a handful of rows: it then sorts the whole
+        backlog on every fetch instead of reading the index in order (measured on 200,000:
+        40-80 ms a page instead of a few). An ANALYZE samples a bounded number of rows
+        (about 0.1 s), and locks nothing that reads or writes wait for."""
+        self._planned_unanalyzed += rows
+        if self._planned_unanalyzed < ANALYZE_AFTER_ROWS:
+            return
+        self._planned_unanalyzed = 0
+        # Best effort: the plan is committed already, and stale statistics only cost speed.
+        with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+            async with self.connection() as connection:
+                await connection.execute("ANALYZE executions")
 
     async def run(self, op: Callable[[Store, P], Awaitable[T]], params: P) -> T:
         """Run one operation, translating failures and retrying aborted transactions."""
