@@ -2,31 +2,23 @@
 
 Design
 ------
-Two loops share a :class:`~engine.core.fair_queue.FairQueue`:
+Three kinds of task share a :class:`~engine.core.fair_queue.FairQueue`:
 
 * **fetch** -- at each instant something was announced for (the planner announces what it
-  planned, workers announce retries) and at least every ``fetch_interval_s``, it reads the
-  startable executions of the owned partitions (``executions_due``, by the database-corrected
-  clock) and queues those it does not hold yet. The queue is bounded; when it is full,
-  fetching pauses, so a backlog stays in the ledger, not in memory.
+  planned, workers announce retries; ``fetch_ahead_s`` early) and at least every
+  ``fetch_interval_s``, it reads the startable executions of the owned partitions
+  (``executions_due``, by the database-corrected clock) and queues those it does not hold
+  yet. Through a backlog it pages with a keyset cursor and fills the queue up to its bound
+  -- fairness can only weigh what has been fetched -- and no further: the rest of a backlog
+  stays in the ledger, not in memory. A page's schedules are read meanwhile by another task.
 * **dispatch** -- pops executions in weighted-fair order across tenants (never before their
-  instant, never beyond a task-type cap or tenant quota), paced by an optional node-wide
-  token bucket, claims them in one fenced call per batch (``executions_claim``: queued ->
-  running, next attempt, attempt lease), and hands each claimed one to the worker pool, which
-  blocks when every worker is busy (backpressure).
-
-Between popping and claiming, each schedule's **overlap policy** (:func:`~engine.model.
-overlap_policy`) is applied. The node that owns a partition starts every execution of its
-schedules, so it counts in memory what it started and has not seen finish, per schedule.
-What it cannot know -- executions left ``running`` by a previous owner after a takeover --
-it asks the ledger once per schedule and lease (the answer "none running" holds for as long
-as the node keeps that lease, since nobody else claims in its partitions). A popped
-execution whose schedule is busy is started anyway (``allow``), recorded as skipped with the
-reason ``overlap`` (``skip``, or ``buffer_one`` with one already buffered) in one fenced
-``executions_skip`` per batch, or held (``buffer_one``): at most one per schedule, counted
-against the queue's bound, put back into the queue -- where it is the schedule's earliest --
-as soon as the schedule's run finishes. Held executions blocked by a previous owner's run are
-re-checked in the ledger every ``fetch_interval_s``.
+  instant, never beyond a cap, quota or tenant rate), paced by an optional node-wide token
+  bucket (a pacing tick's worth at a time), applies each schedule's overlap policy
+  (:mod:`~engine.actors.overlap`), and hands the batch to a claimer -- but only while the
+  worker pool has a batch's worth of room (backpressure).
+* **claimers** (two, so one claim's round trip overlaps the next) claim a batch in one
+  fenced call (``executions_claim``: queued -> running, next attempt, attempt lease) and hand
+  what they claimed to the worker pool.
 
 Each claimed execution gets an attempt lease of ``attempt_lease_s``, which the worker pool
 renews while it holds the execution; a crashed node's attempts run out and the redeliverer
@@ -36,7 +28,6 @@ startable) is simply forgotten; the ledger stays the source of truth.
 
 from __future__ import annotations
 
-import enum
 import functools
 import logging
 import math
@@ -48,6 +39,7 @@ import msgspec
 import trio
 
 from engine.actors.clock_monitor import ClockMonitor
+from engine.actors.overlap import OverlapGuard
 from engine.actors.partitions import PartitionTable
 from engine.actors.retry import retry_unavailable
 from engine.actors.schedule_cache import ScheduleCache
@@ -63,13 +55,11 @@ from engine.ledger.base import (
     DueCursor,
     ExecutionsClaim,
     ExecutionsDue,
-    ExecutionsQuery,
-    ExecutionsSkip,
     Fence,
     Ledger,
     due_cursor,
 )
-from engine.model import Execution, ExecutionStatus, OverlapPolicy, TaskType, overlap_policy
+from engine.model import Execution, TaskType
 
 log = logging.getLogger("carillon.dispatcher")
 
@@ -79,6 +69,9 @@ instant (:meth:`Dispatcher.request_fetch`), so this only catches what nobody ann
 (replays, re-queued attempts, executions of a partition just taken over)."""
 FETCH_AHEAD_S_DEFAULT: Final = 2.0
 CLAIM_BATCH_DEFAULT: Final = 500
+PACE_TICK_S: Final = 0.02
+"""With a node rate, starts are admitted in ticks of this length (100 at 5,000/s): one claim
+per tick instead of one per start, which capped a paced node at a few hundred a second."""
 READ_AHEAD_PAGES: Final = 4
 """Fetched pages whose schedules wait to be read; a fetch beyond waits (backpressure)."""
 CLAIMERS: Final = 2
@@ -87,19 +80,6 @@ is still out."""
 QUEUE_MAX_DEFAULT: Final = 50_000
 SETTINGS_REFRESH_S: Final = 10.0
 """How often task-type caps and tenant weights and quotas are re-read from the ledger."""
-OVERLAP_ERROR_CODE: Final = "overlap"
-IDLE_VERIFIED_MAX: Final = 100_000
-"""Schedules remembered as having no running execution in the ledger; when full, the memory
-starts over (each is asked again when next seen)."""
-HELD_RECHECK_MAX: Final = 100
-"""Held executions blocked by a previous owner's run re-checked in the ledger per pass."""
-
-
-class OverlapVerdict(enum.StrEnum):
-    START = "start"
-    HOLD = "hold"
-    """``buffer_one``: wait until the schedule's run finishes."""
-    SKIP = "skip"
 
 
 class DispatcherConfig(msgspec.Struct, frozen=True):
@@ -168,19 +148,14 @@ class Dispatcher:
             "claimed": 0,
             "not_claimed": 0,
             "fetches": 0,
-            "overlap_skipped": 0,
-            "overlap_deferred": 0,
         }
         self._settings_due = -math.inf
         self._recheck_due = -math.inf
         self._schedules: ScheduleCache = workers.schedules
         self._task_types: dict[str, TaskType] = {}
-        self._running: dict[str, int] = {}
-        """Executions started by this node and not finished yet, per schedule id."""
-        self._idle_verified: dict[str, int] = {}
-        """Schedule id -> the fencing token under which the ledger had none of it running."""
-        self._held: dict[str, Execution] = {}
-        """``buffer_one``: the one execution per schedule waiting for its run to finish."""
+        self.overlap = OverlapGuard(
+            ledger, table, self._schedules, self.queue, limits, rng, self._task_types_get
+        )
         self._dispatching: set[str] = set()
         """Popped, and not yet claimed or given up: still startable in the ledger."""
         self._gate_room: int | None = None
@@ -206,16 +181,19 @@ class Dispatcher:
         """A worker is done with ``execution``: free its slot for the next one, and release
         the execution its schedule holds back (``buffer_one``), if any."""
         self._limits.finished(execution.tenant_id, execution.task_type)
-        self._started_done(execution.schedule_id)
+        self.overlap.started_done(execution.schedule_id)
         if self._gate_room is None or self._workers.free - self._claiming >= self._gate_room:
             self._nudge()  # at the gate, only once there is a batch's worth of room
+
+    def _task_types_get(self, name: str) -> TaskType | None:
+        return self._task_types.get(name)
 
     def _wants_more(self) -> bool:
         """Whether to fetch the next page at once: the ledger holds more startable work and
         a page fits. The queue fills up to its bound, because fairness across tenants can
         only weigh what has been fetched: a big tenant's thousands, fetched first, must not
         keep a small tenant's few in the ledger."""
-        return self._backlog and self.queue.room - len(self._held) >= PAGE_SIZE_MAX
+        return self._backlog and self.queue.room - self.overlap.held >= PAGE_SIZE_MAX
 
     def _nudge(self) -> None:
         """Wake the dispatch loop: there may be work or room now."""
@@ -236,15 +214,15 @@ class Dispatcher:
             c["claimed"],
             c["not_claimed"],
             c["fetches"],
-            overlap_skipped=c["overlap_skipped"],
-            overlap_held=len(self._held),
-            overlap_deferred=c["overlap_deferred"],
+            overlap_skipped=self.overlap.skipped,
+            overlap_held=self.overlap.held,
+            overlap_deferred=self.overlap.deferred,
         )
 
     async def fetch(self) -> int:
         """Queue the startable executions of the owned partitions; returns how many were new."""
         owned = list(self._table)
-        room = self.queue.room - len(self._held)  # held ones count against the bound too
+        room = self.queue.room - self.overlap.held  # held ones count against the bound too
         if not owned or room <= 0:
             return 0
         limit = min(PAGE_SIZE_MAX, room)
@@ -262,7 +240,7 @@ class Dispatcher:
             1
             for execution in due
             if execution.execution_id not in self._dispatching
-            and not self._is_held(execution)
+            and not self.overlap.is_held(execution)
             and self.queue.push(execution) is PushOutcome.QUEUED
         )
         self._counts["fetches"] += 1
@@ -284,21 +262,34 @@ class Dispatcher:
         return await self._claim_and_submit(admitted) + settled
 
     def _pop_batch(self) -> list[Execution]:
-        """What may start now, in fair order, as many as the workers can take (and the
-        token bucket allows)."""
-        batch: list[Execution] = []
+        """What may start now, in fair order, as many as the workers can take and the token
+        bucket admits."""
         now_mono = self._clock.monotonic()
         wanted = min(self.config.claim_batch, self._workers.free - self._claiming)
+        if self._bucket is not None:
+            wanted = min(wanted, self._tokens_now(now_mono))
+        batch: list[Execution] = []
+        now = self._monitor.now()
         while len(batch) < wanted:
-            if self._bucket is not None and self._bucket.wait_s(now_mono) > 0:
-                break
-            execution = self.queue.pop(self._monitor.now())
+            execution = self.queue.pop(now)
             if execution is None:
                 break
-            if self._bucket is not None:
-                self._bucket.take(now_mono)
             batch.append(execution)
+        if batch and self._bucket is not None and not self._bucket.take(now_mono, len(batch)):
+            raise AssertionError("the token bucket refused what it said it would admit")
         return batch
+
+    def _tokens_now(self, now_mono: float) -> int:
+        """How many starts the token bucket admits at once now: a pacing tick's worth, so a
+        paced burst is claimed in batches rather than one by one (the pacer then stays busy
+        for that tick), and never more than the bucket holds."""
+        bucket = self._bucket
+        assert bucket is not None
+        if bucket.wait_s(now_mono) > 0:
+            return 0
+        per_s = bucket.pace_per_s or bucket.rate_per_s
+        tick = max(1, int(per_s * PACE_TICK_S))
+        return max(1, min(tick, int(bucket.available(now_mono)), bucket.burst))
 
     async def _admit_batch(self, batch: list[Execution]) -> tuple[list[Execution], int]:
         """:meth:`_admit`, keeping the popped executions out of fetches until claimed."""
@@ -307,7 +298,7 @@ class Dispatcher:
         popped = [execution.execution_id for execution in batch]
         self._dispatching.update(popped)
         try:
-            admitted, settled = await self._admit(batch)
+            admitted, settled = await self.overlap.admit(batch)
         except BaseException:
             self._dispatching.difference_update(popped)
             raise
@@ -361,152 +352,10 @@ class Dispatcher:
         for execution_id, execution in by_id.items():
             if execution_id not in started:
                 self._limits.finished(execution.tenant_id, execution.task_type)
-                self._started_done(execution.schedule_id)
+                self.overlap.started_done(execution.schedule_id)
         self._counts["claimed"] += len(started)
         self._counts["not_claimed"] += len(by_id) - len(started)
         return claimed, lease_s
-
-    # -- overlap ------------------------------------------------------------------------------
-
-    async def _admit(self, batch: list[Execution]) -> tuple[list[Execution], int]:
-        """The popped executions that may start (counted as running for their schedule), and
-        how many others were held or skipped. Those not started give their slot back."""
-        admitted: list[Execution] = []
-        skipped: list[Execution] = []
-        settled = 0
-        await self._schedules.prefetch([execution.schedule_id for execution in batch])
-        for execution in batch:
-            try:
-                verdict = await self._overlap_verdict(execution)
-            except CarillonError as exc:
-                # Cannot tell whether it may start: leave it queued in the ledger for a
-                # later fetch rather than risk an overlap the policy forbids.
-                log.warning("overlap check of %s failed: %s", execution.execution_id, exc)
-                self._counts["overlap_deferred"] += 1
-                self._limits.finished(execution.tenant_id, execution.task_type)
-                continue
-            if verdict is OverlapVerdict.START:
-                self._running[execution.schedule_id] = (
-                    self._running.get(execution.schedule_id, 0) + 1
-                )
-                admitted.append(execution)
-                continue
-            self._limits.finished(execution.tenant_id, execution.task_type)
-            settled += 1
-            if verdict is OverlapVerdict.HOLD:
-                self._held[execution.schedule_id] = execution
-            else:
-                skipped.append(execution)
-        if skipped:
-            await self._skip(skipped)
-        return admitted, settled
-
-    async def _overlap_verdict(self, execution: Execution) -> OverlapVerdict:
-        schedule = await self._schedules.get(execution.schedule_id)
-        if schedule is None:
-            return OverlapVerdict.START  # deleted: its pending executions are skipped already
-        policy = overlap_policy(schedule, self._task_types.get(execution.task_type))
-        if policy is OverlapPolicy.ALLOW or not await self._busy(execution):
-            return OverlapVerdict.START
-        if policy is OverlapPolicy.BUFFER_ONE and execution.schedule_id not in self._held:
-            return OverlapVerdict.HOLD
-        return OverlapVerdict.SKIP
-
-    async def _busy(self, execution: Execution) -> bool:
-        """Whether an execution of ``execution``'s schedule is running: started here and not
-        finished, or left running in the ledger by a previous owner of the partition."""
-        schedule_id = execution.schedule_id
-        if self._running.get(schedule_id, 0) > 0:
-            return True
-        owned = self._table.get(execution.partition_id or 0)
-        token = None if owned is None else owned.fence.fencing_token
-        if token is not None and self._idle_verified.get(schedule_id) == token:
-            return False
-        if await self._running_in_ledger(schedule_id):
-            return True
-        if token is not None:
-            if len(self._idle_verified) >= IDLE_VERIFIED_MAX:
-                self._idle_verified.clear()
-            self._idle_verified[schedule_id] = token
-        return False
-
-    async def _running_in_ledger(self, schedule_id: str) -> bool:
-        page = await self._ledger.executions_query(
-            ExecutionsQuery(schedule_id=schedule_id, status=ExecutionStatus.RUNNING, limit=1)
-        )
-        return bool(page.items)
-
-    async def _skip(self, executions: list[Execution]) -> None:
-        fences: dict[int, Fence] = {}
-        for execution in executions:
-            owned = self._table.get(execution.partition_id or 0)
-            if owned is not None:
-                fences[owned.fence.partition_id] = owned.fence
-        wanted = [e.execution_id for e in executions if (e.partition_id or 0) in fences]
-        while wanted:
-            params = ExecutionsSkip(
-                list(fences.values()),
-                wanted,
-                OVERLAP_ERROR_CODE,
-                "the previous execution of its schedule was still running",
-            )
-            try:
-                done = await retry_unavailable(
-                    functools.partial(self._ledger.executions_skip, params),
-                    rng=self._rng,
-                    log=log,
-                    what="skip overlapping executions",
-                )
-            except LeaseLost as exc:
-                lost = set(exc.partitions)
-                fences = {p: f for p, f in fences.items() if p not in lost}
-                wanted = [
-                    e.execution_id
-                    for e in executions
-                    if (e.partition_id or 0) in fences and e.execution_id in wanted
-                ]
-                continue
-            self._counts["overlap_skipped"] += len(done)
-            return
-
-    def _is_held(self, execution: Execution) -> bool:
-        held = self._held.get(execution.schedule_id)
-        return held is not None and held.execution_id == execution.execution_id
-
-    def _started_done(self, schedule_id: str) -> None:
-        """One execution of ``schedule_id`` started here is over (or was not claimed)."""
-        left = self._running.get(schedule_id, 0) - 1
-        if left > 0:
-            self._running[schedule_id] = left
-            return
-        self._running.pop(schedule_id, None)
-        self._release_held(schedule_id)
-
-    def _release_held(self, schedule_id: str) -> None:
-        held = self._held.pop(schedule_id, None)
-        # Not owned any more, or no room: it stays queued in the ledger for whoever fetches.
-        if held is not None and (held.partition_id or 0) in self._table:
-            self.queue.push(held)
-
-    async def recheck_held(self) -> None:
-        """Release held executions whose blocker -- a run left by a previous owner -- is no
-        longer running in the ledger; forget those of partitions no longer owned."""
-        self._recheck_due = self._clock.monotonic() + self.config.fetch_interval_s
-        checked = 0
-        for schedule_id in list(self._held):
-            if checked == HELD_RECHECK_MAX:
-                break
-            if self._running.get(schedule_id, 0) > 0:
-                continue  # started here: finished() releases it
-            held = self._held.pop(schedule_id)
-            if (held.partition_id or 0) not in self._table:
-                continue
-            checked += 1
-            self._held[schedule_id] = held  # re-inserted last: the next pass starts elsewhere
-            if not await self._running_in_ledger(schedule_id):
-                self._release_held(schedule_id)
-        if checked:
-            self._nudge()
 
     async def refresh_settings(self) -> None:
         """Apply the stored task-type caps and tenant weights and quotas."""
@@ -530,8 +379,10 @@ class Dispatcher:
                 if self._clock.monotonic() >= self._settings_due:
                     await self.refresh_settings()
                 await self.fetch()
-                if self._held and self._clock.monotonic() >= self._recheck_due:
-                    await self.recheck_held()
+                if self.overlap.held and self._clock.monotonic() >= self._recheck_due:
+                    self._recheck_due = self._clock.monotonic() + self.config.fetch_interval_s
+                    if await self.overlap.recheck_held():
+                        self._nudge()
             except CarillonError as exc:
                 log.warning("fetching due executions failed: %s", exc)
             wait_s = self.config.fetch_interval_s
