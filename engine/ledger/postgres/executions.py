@@ -56,7 +56,6 @@ from engine.ledger.postgres.rows import (
     check_duration,
     check_limit,
     execution_from_columns,
-    execution_from_row,
     in_order,
     unique,
 )
@@ -310,7 +309,7 @@ async def executions_get(store: Store, execution_id_: str) -> ExecutionDetail:
         if row is None:
             raise NotFound(f"execution {execution_id_!r} does not exist")
         attempts = await connection.fetch(sql.ATTEMPTS_GET, execution_id_)
-    execution = execution_from_row(row)
+    execution = execution_from_columns(row)
     history = [attempt_from_row(a) for a in attempts]
     if (
         execution.status is ExecutionStatus.SUCCEEDED
@@ -359,7 +358,7 @@ async def executions_query(store: Store, params: ExecutionsQuery) -> Page[Execut
     )
     async with store.connection() as connection:
         rows = await connection.fetch(query, *arguments, limit + 1)
-    items = [execution_from_row(row) for row in rows[:limit]]
+    items = [execution_from_columns(row) for row in rows[:limit]]
     cursor = None
     if len(rows) > limit:
         last = items[-1]

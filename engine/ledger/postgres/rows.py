@@ -1,8 +1,9 @@
 """Values in and out of SQL: rows to records, and the checks every input passes first.
 
-Rows are read by column name in the order of :mod:`engine.ledger.postgres.sql`'s column
-lists. asyncpg returns ``timestamptz`` as aware UTC datetimes, which is what the records
-promise, so instants pass through untouched.
+Rows are read by column name, except executions -- the hot path -- which are read by
+position in the order of :data:`~engine.ledger.postgres.sql.EXECUTION_COLUMNS`. asyncpg
+returns ``timestamptz`` as aware UTC datetimes, which is what the records promise, so
+instants pass through untouched.
 """
 
 from __future__ import annotations
@@ -69,33 +70,10 @@ def schedule_from_row(row: Row) -> Schedule:
     )
 
 
-def execution_from_row(row: Row) -> Execution:
-    """An execution from a row of :data:`~engine.ledger.postgres.sql.EXECUTION_COLUMNS`
-    (read by name; see :func:`execution_from_columns` for the hot path)."""
-    return Execution(
-        execution_id=row["execution_id"],
-        schedule_id=row["schedule_id"],
-        tenant_id=row["tenant_id"],
-        task_type=row["task_type"],
-        planned_at=row["planned_at"],
-        status=_STATUS[row["status"]],
-        attempt=row["attempt"],
-        enqueued_at=row["enqueued_at"],
-        not_before=row["not_before"],
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
-        error_code=row["error_code"],
-        error_message=row["error_message"],
-        fencing_token=row["fencing_token"],
-        partition_id=row["partition_id"],
-        attempt_expires_at=row["attempt_expires_at"],
-    )
-
-
 def execution_from_columns(row: asyncpg.Record, first: int = 0) -> Execution:
     """An execution from :data:`~engine.ledger.postgres.sql.EXECUTION_COLUMNS` starting at
-    column ``first``, read by position: half the cost of by name, which shows in a burst
-    (every execution is read twice, when fetched and when claimed)."""
+    column ``first``, read by position: half the cost of reading by name, which shows in a
+    burst (every execution is read twice, when fetched and when claimed)."""
     (
         execution_id_,
         schedule_id,
