@@ -1,0 +1,333 @@
+"""The ledger's records and parameter objects: what goes in and out of :class:`~engine.ledger.
+base.Ledger` calls (one params object per call), and the bounds every call checks.
+
+They live apart from the protocol so that the contract (``base.py``) reads as the list of
+operations; ``engine.ledger.base`` re-exports every name, so callers import from either.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Final, Generic, TypeVar
+
+import msgspec
+
+from engine.model import (
+    Execution,
+    ExecutionStatus,
+    Schedule,
+    TaskType,
+    Tenant,
+)
+
+BATCH_ROWS_MAX: Final = 10_000
+"""Most rows one write call may carry."""
+PAGE_SIZE_MAX: Final = 1_000
+"""Most rows one read call returns."""
+
+T = TypeVar("T")
+
+
+class Fence(msgspec.Struct, frozen=True):
+    """Proof of ownership carried by every ownership-dependent write."""
+
+    partition_id: int
+    owner_id: str
+    fencing_token: int
+
+
+class Page(msgspec.Struct, Generic[T], frozen=True):
+    """One page of a listing; pass ``next_cursor`` back to get the next (``None``: no more)."""
+
+    items: list[T]
+    next_cursor: str | None
+
+
+class ClusterSettings(msgspec.Struct, frozen=True):
+    """Settings fixed or changed only by administrative commands."""
+
+    partition_count: int
+    active_region: str
+    region_epoch: int
+
+
+class NodeInfo(msgspec.Struct, frozen=True):
+    """A node's membership row."""
+
+    node_id: str
+    region: str
+    started_at: datetime
+    last_seen_at: datetime
+    expires_at: datetime
+
+
+class ChangeKind(enum.StrEnum):
+    CREATED = "created"
+    UPDATED = "updated"
+    DELETED = "deleted"
+
+
+class ScheduleChange(msgspec.Struct, frozen=True):
+    """One entry of the schedule change feed; ``seq`` increases in commit order."""
+
+    seq: int
+    schedule_id: str
+    partition_id: int
+    kind: ChangeKind
+    version: int
+
+
+class Attempt(msgspec.Struct, frozen=True):
+    """One finished (or abandoned) attempt of an execution."""
+
+    attempt: int
+    outcome: str
+    """``succeeded``, ``failed``, ``dead-letter``, ``skipped`` or ``expired`` (lease ran out)."""
+    started_at: datetime | None
+    finished_at: datetime
+    error_code: str | None = None
+    error_message: str | None = None
+
+
+class ExecutionDetail(msgspec.Struct, frozen=True):
+    execution: Execution
+    attempts: list[Attempt]
+
+
+# --- parameters, one object per call ----------------------------------------------------
+
+
+class SchedulesCreate(msgspec.Struct, frozen=True):
+    """Create schedules. ``version`` and ``partition_id`` of the inputs are ignored."""
+
+    schedules: list[Schedule]
+
+
+class SchedulesUpdate(msgspec.Struct, frozen=True):
+    """Replace a schedule's user fields if its current version is ``expected_version``."""
+
+    schedule: Schedule
+    expected_version: int
+
+
+class SchedulesDelete(msgspec.Struct, frozen=True):
+    schedule_id: str
+    expected_version: int | None = None
+
+
+class SchedulesList(msgspec.Struct, frozen=True):
+    tenant_id: str | None = None
+    task_type: str | None = None
+    enabled: bool | None = None
+    partition_id: int | None = None
+    cursor: str | None = None
+    limit: int = 100
+
+
+class ScheduleChangesSince(msgspec.Struct, frozen=True):
+    after_seq: int
+    limit: int = PAGE_SIZE_MAX
+
+
+class LeasesAcquire(msgspec.Struct, frozen=True):
+    owner_id: str
+    partition_ids: list[int]
+    ttl_s: float
+
+
+class LeasesRenew(msgspec.Struct, frozen=True):
+    fences: list[Fence]
+    ttl_s: float
+
+
+class LeasesRelease(msgspec.Struct, frozen=True):
+    fences: list[Fence]
+
+
+class NodesHeartbeat(msgspec.Struct, frozen=True):
+    node_id: str
+    region: str
+    ttl_s: float
+
+
+class PlannedExecution(msgspec.Struct, frozen=True):
+    """A fire to record. ``status`` is ``queued``, or ``skipped`` with an ``error_code``."""
+
+    schedule_id: str
+    tenant_id: str
+    task_type: str
+    planned_at: datetime
+    status: ExecutionStatus = ExecutionStatus.QUEUED
+    error_code: str | None = None
+    error_message: str | None = None
+
+
+class ScheduleAdvance(msgspec.Struct, frozen=True):
+    """Move ``next_run_at`` of a schedule, if it is still at ``expected_version``."""
+
+    schedule_id: str
+    next_run_at: datetime | None
+    expected_version: int
+
+
+class ExecutionsPlan(msgspec.Struct, frozen=True):
+    fence: Fence
+    executions: list[PlannedExecution]
+    advances: list[ScheduleAdvance]
+    checkpoint: datetime | None = None
+
+
+class PlanResult(msgspec.Struct, frozen=True):
+    inserted: list[str]
+    """Ids of executions newly inserted (already present ones are not repeated here)."""
+    advanced: list[str]
+    """Schedule ids whose ``next_run_at`` moved."""
+    stale: list[str]
+    """Schedule ids not advanced: updated, deleted or moved since the planner read them."""
+
+
+class DueCursor(msgspec.Struct, frozen=True):
+    """A position in :meth:`Ledger.executions_due` order: the instant an execution may
+    start (its planned time; a failed one's retry time) and its id."""
+
+    startable_at: datetime
+    execution_id: str
+
+
+def due_cursor(execution: Execution) -> DueCursor:
+    """The position of ``execution`` in :meth:`Ledger.executions_due` order."""
+    at = execution.planned_at
+    if execution.status is ExecutionStatus.FAILED and execution.not_before is not None:
+        at = execution.not_before
+    return DueCursor(at, execution.execution_id)
+
+
+class ExecutionsDue(msgspec.Struct, frozen=True):
+    partition_ids: list[int]
+    before: datetime
+    limit: int = PAGE_SIZE_MAX
+    after: DueCursor | None = None
+    """Only executions after this position (keyset paging through a backlog)."""
+
+
+class ExecutionsClaim(msgspec.Struct, frozen=True):
+    fences: list[Fence]
+    execution_ids: list[str]
+    attempt_lease_s: float
+    node_id: str
+
+
+class AttemptRef(msgspec.Struct, frozen=True):
+    """One attempt of an execution: the execution's id and the attempt's number."""
+
+    execution_id: str
+    attempt: int
+
+
+class ExecutionsExtend(msgspec.Struct, frozen=True):
+    """Renew the attempt leases of attempts still running (a worker's heartbeat)."""
+
+    fences: list[Fence]
+    attempts: list[AttemptRef]
+    attempt_lease_s: float
+
+
+class Outcome(enum.StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    DEAD_LETTER = "dead-letter"
+    SKIPPED = "skipped"
+
+
+class Completion(msgspec.Struct, frozen=True):
+    execution_id: str
+    attempt: int
+    outcome: Outcome
+    not_before: datetime | None = None
+    """For ``failed``: when the retry may start."""
+    error_code: str | None = None
+    error_message: str | None = None
+
+
+class ExecutionsComplete(msgspec.Struct, frozen=True):
+    fences: list[Fence]
+    completions: list[Completion]
+
+
+class CompleteResult(msgspec.Struct, frozen=True):
+    applied: list[str]
+    stale: list[str]
+    """Not applied: not running, or running under another attempt number."""
+
+
+class ExecutionsRequeueExpired(msgspec.Struct, frozen=True):
+    fences: list[Fence]
+    limit: int = BATCH_ROWS_MAX
+
+
+class ExecutionsQuery(msgspec.Struct, frozen=True):
+    schedule_id: str | None = None
+    tenant_id: str | None = None
+    status: ExecutionStatus | None = None
+    planned_from: datetime | None = None
+    planned_to: datetime | None = None
+    """Exclusive."""
+    cursor: str | None = None
+    limit: int = 100
+    task_type: str | None = None
+    finished_from: datetime | None = None
+    """Inclusive; executions not finished (``finished_at`` unset) never match it."""
+
+
+class ExecutionsSkip(msgspec.Struct, frozen=True):
+    """Record not-yet-started executions as deliberately not run (e.g. the overlap policy)."""
+
+    fences: list[Fence]
+    execution_ids: list[str]
+    error_code: str
+    error_message: str | None = None
+
+
+class DeadLettersReplay(msgspec.Struct, frozen=True):
+    """Replay dead letters, on behalf of ``actor`` (recorded in the audit trail with
+    ``reason``; see :func:`~engine.model.validate_actor` and :func:`~engine.model.
+    validate_reason`)."""
+
+    execution_ids: list[str]
+    actor: str
+    reason: str | None = None
+
+
+class AuditQuery(msgspec.Struct, frozen=True):
+    """Audit events matching every given filter, after ``after_event_id`` (a watermark)."""
+
+    target: str | None = None
+    action: str | None = None
+    after_event_id: int | None = None
+    limit: int = 100
+
+
+class ExecutionsPurge(msgspec.Struct, frozen=True):
+    fence: Fence
+    finished_before: datetime
+    limit: int = BATCH_ROWS_MAX
+
+
+class TaskTypesPut(msgspec.Struct, frozen=True):
+    """Create or replace a task type. ``version`` and ``updated_at`` of the input are ignored.
+
+    With ``expected_version``, applied only if the stored version equals it, an absent task
+    type counting as version 0 (so ``expected_version=0`` means "create, never replace").
+    """
+
+    task_type: TaskType
+    expected_version: int | None = None
+
+
+class TenantsPut(msgspec.Struct, frozen=True):
+    """Create or replace a tenant's dispatch settings; ``expected_version`` as in
+    :class:`TaskTypesPut`."""
+
+    tenant: Tenant
+    expected_version: int | None = None
