@@ -77,7 +77,7 @@ from engine.ledger.base import (
 )
 from engine.ledger.bridge import open_bridge
 from engine.ledger.database import resolve_database, url_with_database
-from engine.ledger.postgres import migrate_database, open_postgres_ledger, sql
+from engine.ledger.postgres import migrate_database, open_postgres_ledger, sql, sql_executions
 from engine.model import HandlerKind, Schedule, TaskType, execution_id
 
 BATCH_ROWS: Final = 5_000
@@ -454,7 +454,7 @@ async def sql_claim(conn: asyncpg.Connection, b: Batch, clock: StatementClock) -
     rows = await clock(
         "claim, fenced (returns rows)",
         conn.fetch(
-            sql.EXECUTIONS_CLAIM,
+            sql_executions.EXECUTIONS_CLAIM,
             b.execution_ids,
             ATTEMPT_LEASE_S,
             OWNER,
@@ -471,7 +471,7 @@ async def sql_complete(conn: asyncpg.Connection, b: Batch, clock: StatementClock
     rows = await clock(
         "complete + history, fenced",
         conn.fetch(
-            sql.EXECUTIONS_COMPLETE,
+            sql_executions.EXECUTIONS_COMPLETE,
             b.execution_ids,
             [1] * n,
             ["succeeded"] * n,

@@ -9,12 +9,13 @@ Layout (SQL lives only in :mod:`.sql` and ``migrations/*.sql``)::
     catalog.py     task types and tenants (dispatch settings)    │
     audit.py       dead-letter replay and the audit trail        ┘
     caps.py        the claim's statements, cluster-wide concurrency caps
-    fencing.py     the fence check opening every fenced transaction
+    fencing.py     the fence checks: share-locked (transactions) and in-statement (claim, complete)
     listener.py    LISTEN on a dedicated connection for schedule_changes_wait
     store.py       the pool, error translation and conflict retries around each operation
     connection.py  connection options, codecs, driver errors -> Carillon errors
     rows.py        rows -> records; input checks
-    sql.py         every statement
+    sql.py         every statement but the executions' (+ sql_columns.py: keys, column lists)
+    sql_executions.py  the execution statements: due, claim, extend, complete, skip, replay
     migrate.py     versioned migrations, the partition count, `carillon migrate`'s engine
 
 This package and :mod:`engine.ledger.bridge` are the only importers of asyncpg/uvloop

@@ -20,7 +20,7 @@ from engine.ledger.base import (
     DeadLettersReplay,
     replay_audit_details,
 )
-from engine.ledger.postgres import sql
+from engine.ledger.postgres import sql, sql_executions
 from engine.ledger.postgres.rows import audit_event_from_row, check_batch, check_limit, unique
 from engine.ledger.postgres.store import Store
 from engine.model import AuditAction, AuditEvent, validate_actor, validate_reason
@@ -34,7 +34,7 @@ async def dead_letters_replay(store: Store, params: DeadLettersReplay) -> list[s
     if not ids:
         return []
     async with store.transaction() as connection:
-        rows = await connection.fetch(sql.DEAD_LETTERS_REPLAY, ids)
+        rows = await connection.fetch(sql_executions.DEAD_LETTERS_REPLAY, ids)
         if not rows:
             return []
         by_id = {row["execution_id"]: row for row in rows}

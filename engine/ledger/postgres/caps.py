@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncpg
 
 from engine.core.hashing import stable_hash
-from engine.ledger.postgres import sql
+from engine.ledger.postgres import sql_executions
 
 _INT32_SIGN = 1 << 31
 
@@ -55,12 +55,17 @@ async def claim_capped(
     """Claim what may start of ``ids`` (left over by the fast path, which claims every
     uncapped one) inside the caller's transaction, whose fences already hold: the started
     rows, in no order."""
-    capped = [row["task_type"] for row in await connection.fetch(sql.TASK_TYPES_CAPPED_AMONG, ids)]
+    capped = [
+        row["task_type"]
+        for row in await connection.fetch(sql_executions.TASK_TYPES_CAPPED_AMONG, ids)
+    ]
     if not capped:
         return []
-    await connection.execute(sql.CAP_LOCKS, sorted({cap_lock_key(name) for name in capped}))
+    await connection.execute(
+        sql_executions.CAP_LOCKS, sorted({cap_lock_key(name) for name in capped})
+    )
     fenced = (list(tokens), list(tokens.values()))
     rows: list[asyncpg.Record] = await connection.fetch(
-        sql.EXECUTIONS_CLAIM_CAPPED, ids, lease_s, node_id, *fenced, capped
+        sql_executions.EXECUTIONS_CLAIM_CAPPED, ids, lease_s, node_id, *fenced, capped
     )
     return rows

@@ -46,7 +46,7 @@ from engine.ledger.base import (
     decode_cursor,
     encode_cursor,
 )
-from engine.ledger.postgres import caps, sql
+from engine.ledger.postgres import caps, sql, sql_executions
 from engine.ledger.postgres.fencing import check_held, fence_arrays, require_fences
 from engine.ledger.postgres.rows import (
     attempt_from_row,
@@ -158,7 +158,7 @@ async def executions_due(store: Store, params: ExecutionsDue) -> list[Execution]
         after_id = params.after.execution_id
     async with store.connection() as connection:
         rows = await connection.fetch(
-            sql.EXECUTIONS_DUE,
+            sql_executions.EXECUTIONS_DUE,
             unique(params.partition_ids),
             before,
             limit,
@@ -181,7 +181,9 @@ async def executions_claim(store: Store, params: ExecutionsClaim) -> list[Execut
         return []
     # The fast path: one statement, fenced in itself, claims what is not capped.
     async with store.connection() as connection:
-        rows = await connection.fetch(sql.EXECUTIONS_CLAIM, ids, lease_s, params.node_id, *fenced)
+        rows = await connection.fetch(
+            sql_executions.EXECUTIONS_CLAIM, ids, lease_s, params.node_id, *fenced
+        )
     check_held(rows[0], fenced[0])
     # Each row: held's two columns, then the claimed execution's (NULLs when none was).
     executions = [execution_from_columns(row, 2) for row in rows if row[2] is not None]
@@ -212,7 +214,7 @@ async def executions_extend(store: Store, params: ExecutionsExtend) -> list[str]
         if not pairs:
             return []
         rows = await connection.fetch(
-            sql.EXECUTIONS_EXTEND,
+            sql_executions.EXECUTIONS_EXTEND,
             ids,
             [attempt for _, attempt in pairs],
             lease_s,
@@ -244,7 +246,7 @@ async def executions_complete(store: Store, params: ExecutionsComplete) -> Compl
     else:
         async with store.connection() as connection:
             rows = await connection.fetch(
-                sql.EXECUTIONS_COMPLETE,
+                sql_executions.EXECUTIONS_COMPLETE,
                 [c.execution_id for c in distinct],
                 [c.attempt for c in distinct],
                 [str(c.outcome) for c in distinct],
@@ -280,7 +282,7 @@ async def executions_skip(store: Store, params: ExecutionsSkip) -> list[str]:
         if not ids:
             return []
         rows = await connection.fetch(
-            sql.EXECUTIONS_SKIP,
+            sql_executions.EXECUTIONS_SKIP,
             ids,
             params.error_code,
             params.error_message,
@@ -298,17 +300,17 @@ async def executions_requeue_expired(store: Store, params: ExecutionsRequeueExpi
         if not tokens:
             return []
         rows = await connection.fetch(
-            sql.EXECUTIONS_REQUEUE_EXPIRED, list(tokens), limit, list(tokens.values())
+            sql_executions.EXECUTIONS_REQUEUE_EXPIRED, list(tokens), limit, list(tokens.values())
         )
     return sorted(row["execution_id"] for row in rows)
 
 
 async def executions_get(store: Store, execution_id_: str) -> ExecutionDetail:
     async with store.transaction(readonly=True) as connection:
-        row = await connection.fetchrow(sql.EXECUTION_GET, execution_id_)
+        row = await connection.fetchrow(sql_executions.EXECUTION_GET, execution_id_)
         if row is None:
             raise NotFound(f"execution {execution_id_!r} does not exist")
-        attempts = await connection.fetch(sql.ATTEMPTS_GET, execution_id_)
+        attempts = await connection.fetch(sql_executions.ATTEMPTS_GET, execution_id_)
     execution = execution_from_columns(row)
     history = [attempt_from_row(a) for a in attempts]
     if (
