@@ -158,8 +158,6 @@ class Dispatcher:
         )
         self._dispatching: set[str] = set()
         """Popped, and not yet claimed or given up: still startable in the ledger."""
-        self._paced_until: float | None = None
-        """When the token bucket's pacer frees up after the last batch it admitted."""
         self._gate_room: int | None = None
         """While the dispatch loop waits for room in the worker pool: how much it waits for."""
         self._claiming = 0
@@ -277,11 +275,8 @@ class Dispatcher:
             if execution is None:
                 break
             batch.append(execution)
-        if batch and self._bucket is not None:
-            if not self._bucket.take(now_mono, len(batch)):
-                raise AssertionError("the token bucket refused what it said it would admit")
-            per_s = self._bucket.pace_per_s or self._bucket.rate_per_s
-            self._paced_until = now_mono + len(batch) / per_s
+        if batch and self._bucket is not None and not self._bucket.take(now_mono, len(batch)):
+            raise AssertionError("the token bucket refused what it said it would admit")
         return batch
 
     def _tokens_now(self, now_mono: float) -> int:
@@ -293,13 +288,7 @@ class Dispatcher:
         if bucket.wait_s(now_mono) > 0:
             return 0
         per_s = bucket.pace_per_s or bucket.rate_per_s
-        span_s = PACE_TICK_S
-        if self._paced_until is not None:
-            # This loop wakes a little after the pacer frees up, and an idle-then-advance
-            # pacer forgets that time: admit it too (up to a tick), or a paced node delivers
-            # measurably less than its rate (4,641/s of 5,000/s before this).
-            span_s += min(max(now_mono - self._paced_until, 0.0), PACE_TICK_S)
-        tick = max(1, int(per_s * span_s))
+        tick = max(1, int(per_s * PACE_TICK_S))
         return max(1, min(tick, int(bucket.available(now_mono)), bucket.burst))
 
     async def _admit_batch(self, batch: list[Execution]) -> tuple[list[Execution], int]:
