@@ -251,16 +251,6 @@ class Dispatcher:
             self._nudge()
         return added
 
-    async def dispatch(self) -> int:
-        """One batch from start to finish: pop what may start now, apply the overlap
-        policies, claim what may start and hand it to the workers; returns how many it
-        started, held or skipped. (The dispatch loop runs the same steps, pipelined.)"""
-        batch = self._pop_batch()
-        if not batch:
-            return 0
-        admitted, settled = await self._admit_batch(batch)
-        return await self._claim_and_submit(admitted) + settled
-
     def _pop_batch(self) -> list[Execution]:
         """What may start now, in fair order, as many as the workers can take and the token
         bucket admits."""
@@ -292,7 +282,8 @@ class Dispatcher:
         return max(1, min(tick, int(bucket.available(now_mono)), bucket.burst))
 
     async def _admit_batch(self, batch: list[Execution]) -> tuple[list[Execution], int]:
-        """:meth:`_admit`, keeping the popped executions out of fetches until claimed."""
+        """The overlap policies (:meth:`OverlapGuard.admit`), keeping the popped executions out of
+        fetches until claimed."""
         # Popped but still in the ledger as startable: a fetch meanwhile must not queue them
         # again (a second copy would meet its own hold or run as an overlap).
         popped = [execution.execution_id for execution in batch]

@@ -28,14 +28,24 @@ def lease_lost(partitions: set[int]) -> LeaseLost:
     )
 
 
-def fence_arrays(fences: list[Fence]) -> tuple[list[int], list[str], list[int]]:
-    """The fences as the partition, owner and token arrays of :data:`sql.FENCE_CTE`, each
-    partition once; ``LeaseLost`` for a partition named with two different owners or tokens
-    (it cannot hold under both)."""
+def _ways_held(fences: list[Fence]) -> dict[int, set[tuple[str, int]]]:
+    """The (owner, token) pairs each partition is named with."""
     held_as: dict[int, set[tuple[str, int]]] = {}
     for fence in fences:
         held_as.setdefault(fence.partition_id, set()).add((fence.owner_id, fence.fencing_token))
-    conflicting = {partition for partition, ways in held_as.items() if len(ways) > 1}
+    return held_as
+
+
+def _conflicting(held_as: dict[int, set[tuple[str, int]]]) -> set[int]:
+    """Partitions named with two different owners or tokens: they cannot hold under both."""
+    return {partition for partition, ways in held_as.items() if len(ways) > 1}
+
+
+def fence_arrays(fences: list[Fence]) -> tuple[list[int], list[str], list[int]]:
+    """The fences as the partition, owner and token arrays of :func:`sql_executions.fence_cte`, each
+    partition once; ``LeaseLost`` for a partition named with two different owners or tokens."""
+    held_as = _ways_held(fences)
+    conflicting = _conflicting(held_as)
     if conflicting:
         raise lease_lost(conflicting)
     partitions = list(held_as)
@@ -45,7 +55,7 @@ def fence_arrays(fences: list[Fence]) -> tuple[list[int], list[str], list[int]]:
 
 def check_held(head: asyncpg.Record, partitions: list[int]) -> None:
     """Raise ``LeaseLost`` unless the statement's fence check (the ``fences_held`` and
-    ``holding`` columns of :data:`sql.FENCE_CTE`'s ``held``) found every fence holding --
+    ``holding`` columns of :func:`sql_executions.fence_cte`'s ``held``) found every fence holding --
     in which case the statement changed nothing."""
     if head["fences_held"] != len(partitions):
         raise lease_lost(set(partitions) - set(head["holding"] or ()))
@@ -62,11 +72,7 @@ async def require_fences(connection: asyncpg.Connection, fences: list[Fence]) ->
         [fence.fencing_token for fence in fences],
     )
     holding = {row["partition_id"] for row in rows}
-    # A partition named twice with different tokens cannot hold under both.
     lost = {fence.partition_id for fence in fences} - holding
-    tokens: dict[int, set[tuple[str, int]]] = {}
-    for fence in fences:
-        tokens.setdefault(fence.partition_id, set()).add((fence.owner_id, fence.fencing_token))
-    lost |= {partition for partition, held_as in tokens.items() if len(held_as) > 1}
+    lost |= _conflicting(_ways_held(fences))
     if lost:
         raise lease_lost(lost)
