@@ -39,12 +39,14 @@ fmt: $(STAMP) ## Format and auto-fix lint findings
 	$(BIN)/ruff format engine tests benchmarks simulations
 	$(BIN)/ruff check --fix engine tests benchmarks simulations
 
-run: $(STAMP) ## Migrate, add a demo schedule, and start a node (Ctrl-C stops it)
+run: $(STAMP) ## Migrate, mint an admin token, and start a node with its API and a demo schedule
 	$(BIN)/carillon migrate
-	$(BIN)/carillon task-type set demo --kind noop
-	$(BIN)/carillon schedule put demo-every-10s --cron '*/10 * * * * *' --task-type demo
-	@echo "In another shell: .venv/bin/carillon executions --schedule demo-every-10s"
-	$(BIN)/carillon run $(RUN_ARGS)
+	@mkdir -p .carillon
+	@test -f .carillon/admin-token || $(BIN)/carillon token create --admin --description "make run" --save .carillon/admin-token
+	@echo "API on http://127.0.0.1:8080 (admin token in .carillon/admin-token). In another shell:"
+	@echo "  export CARILLON_TOKEN_FILE=.carillon/admin-token"
+	@echo "  .venv/bin/carillon executions list --schedule demo-every-10s"
+	$(BIN)/carillon run --demo $(RUN_ARGS)
 
 bench: $(STAMP) ## Run the benchmarks and rewrite docs/benchmarks.md
 	$(BIN)/python benchmarks/bench_cron.py

@@ -227,6 +227,7 @@ async def engine_phase(
         workers=variant.workers,
         dispatch_rate_per_s=variant.rate_per_s,
         dispatch_smoothing_window_s=variant.window_s,
+        http="",
     )
     async with open_postgres_ledger(url) as ledger:
         node = Node(config, ledger, SystemClock(), random.Random(7))

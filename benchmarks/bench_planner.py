@@ -119,7 +119,7 @@ async def one_run(server_url: str, total: int, burst: int, steady_s: float) -> d
                 await ledger.schedules_create(SchedulesCreate(batch))
                 create_s += time.perf_counter() - started
             del batch, cache
-            config = NodeConfig(node_id=f"bench-{os.getpid()}", log_level=LogLevel.WARNING)
+            config = NodeConfig(node_id=f"bench-{os.getpid()}", log_level=LogLevel.WARNING, http="")
             node = Node(config, ledger, SystemClock(), random.Random(7))
             rss_before = rss_mb()
             results: dict[str, float] = {"create_rows_per_s": total / create_s}

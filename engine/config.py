@@ -27,6 +27,9 @@ CATCHUP_GRACE_S_DEFAULT: Final = 60.0
 RETENTION_DAYS_DEFAULT: Final = 7.0
 ATTEMPT_LEASE_S_DEFAULT: Final = 60.0
 WORKERS_DEFAULT: Final = 32
+SLO_TARGET_S_DEFAULT: Final = 60.0
+"""A first attempt started within this many seconds of its planned instant is on time."""
+SLO_TARGET_S_MAX: Final = 86_400.0
 
 
 class LogFormat(enum.StrEnum):
@@ -39,6 +42,16 @@ class LogLevel(enum.StrEnum):
     INFO = "info"
     WARNING = "warning"
     ERROR = "error"
+
+
+HTTP_BIND_DEFAULT: Final = "127.0.0.1:8080"
+API_TOKEN_RATE_PER_S_DEFAULT: Final = 50.0
+API_TOKEN_BURST_DEFAULT: Final = 100
+
+
+def _valid_bind(bind: str) -> bool:
+    host, sep, port = bind.rpartition(":")
+    return bool(sep and host) and port.isdigit() and 0 <= int(port) <= 65535
 
 
 class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -89,6 +102,19 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """Whether shell task types may run on this node (off: whoever can create a task type
     could otherwise run any command as the node's user)."""
     shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S_DEFAULT
+    slo_target_s: float = SLO_TARGET_S_DEFAULT
+    """The start SLO: a first attempt started within this long of its planned instant is on
+    time (``carillon_start_slo_ratio``, ``carillon_starts_late_total``)."""
+    metrics_tenant_labels: bool = False
+    """Label the start metrics by tenant (off: one series per node; on: one per tenant, the
+    first 100 tenants, the rest as ``other``)."""
+    http: str = HTTP_BIND_DEFAULT
+    """``HOST:PORT`` the HTTP API listens on (port 0: any free port); empty: serve no API."""
+    metrics_protected: bool = False
+    """Require an admin token on ``GET /metrics``."""
+    api_token_rate_per_s: float = API_TOKEN_RATE_PER_S_DEFAULT
+    """Sustained API requests per second of one token, past its burst (then 429)."""
+    api_token_burst: int = API_TOKEN_BURST_DEFAULT
     log_level: LogLevel = LogLevel.INFO
     log_format: LogFormat = LogFormat.HUMAN
 
@@ -117,6 +143,18 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             problems.append(
                 f"attempt_lease_s must be between 3 and 3600 seconds, got {self.attempt_lease_s}"
             )
+        if not 0.0 < self.slo_target_s <= SLO_TARGET_S_MAX:
+            problems.append(
+                f"slo_target_s must be more than 0 and at most {SLO_TARGET_S_MAX:g} seconds "
+                f"(a day), got {self.slo_target_s}"
+            )
+        if self.http and not _valid_bind(self.http):
+            problems.append(
+                f"http must be HOST:PORT with a port from 0 to 65535 (or empty for no API), "
+                f"got {self.http!r}"
+            )
+        if not 0 < self.api_token_rate_per_s <= 1e6 or not 1 <= self.api_token_burst <= 1e6:
+            problems.append("api_token_rate_per_s and api_token_burst must be positive")
         if self.dispatch_smoothing_window_s < 0:
             problems.append("dispatch_smoothing_window_s must be >= 0")
         if self.burst_plan_rate_per_s <= 0 or not 0 <= self.burst_lookahead_extra_s_max <= 600:

@@ -18,7 +18,8 @@ Operating errors (bad input, an unreachable database, a lost lease) are subclass
     │   ├── LeaseLost              a fenced write matched no current lease: stop acting at once
     │   ├── VersionConflict        optimistic concurrency: someone else updated first
     │   ├── AlreadyExists          a record with that id exists already
-    │   └── NotFound               the addressed record does not exist
+    │   ├── NotFound               the addressed record does not exist
+    │   └── QuotaExceeded          a tenant would own more schedules than its quota allows
     ├── TransientError             raised by a user's Python handler: worth retrying with backoff
     └── PermanentError             raised by a user's Python handler: retrying cannot help
 """
@@ -96,6 +97,29 @@ class AlreadyExists(LedgerError):
 
 class NotFound(LedgerError):
     """The addressed record does not exist."""
+
+
+class QuotaExceeded(LedgerError):
+    """A create would give ``tenant_id`` more live schedules than its ``quota``.
+
+    ``count`` is how many it owns, ``requested`` how many more the call asked for. Nothing
+    was written: delete schedules, or raise the tenant's ``schedules_max``, and try again.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        tenant_id: str = "",
+        quota: int = 0,
+        count: int = 0,
+        requested: int = 0,
+    ) -> None:
+        super().__init__(message)
+        self.tenant_id = tenant_id
+        self.quota = quota
+        self.count = count
+        self.requested = requested
 
 
 class TransientError(CarillonError):

@@ -34,20 +34,25 @@ Wiring (who calls what, where)
 ------------------------------
 The node creates one ``NodeMetrics`` and passes it to the actors like any dependency::
 
-    Planner.step            after ``executions_plan`` returned:
+    Planner.step            after ``executions_plan`` returned (in ``Planner._count``):
                               metrics.executions_planned(queued, now)   # the list it builds
                               metrics.skipped(e.error_code) for each written execution
                               whose error_code is set (catch-up records)
-    Planner._resolve        when ``result.bulk_skipped`` is set: metrics.skipped(SKIP_CATCHUP_BULK)
-    Dispatcher._skip        beside ``overlap_skipped``: metrics.skipped(SKIP_OVERLAP, len(done))
-    WorkerPool._execute     just before ``_run_handler``:
+    Planner._resolve        notes each ``result.bulk_skipped``; ``_count`` then adds
+                              metrics.skipped(SKIP_CATCHUP_BULK, n) once the batch is
+                              written (a batch retried after an error counts once)
+    Dispatcher._admit_batch after ``overlap.admit`` (the guard's ``_skip`` bumps
+                            ``overlap_skipped``): metrics.skipped(SKIP_OVERLAP, new skips)
+    WorkerPool._execute     just before the handler runs (setup done, not abandoned):
                               metrics.execution_started(execution, delay_s)
-                              with delay_s = (corrected now - execution.planned_at) in seconds
+                              with delay_s = (clock monitor's corrected now
+                              - execution.planned_at) in seconds
                             after ``decide``:
                               metrics.execution_finished(execution.task_type,
                                                          decision.outcome, duration_s)
                               duration_s measured on the monotonic clock around the handler
-                              (0.0 when the task type could not even be set up)
+                              (0.0 when the task type could not even be set up); an
+                              abandoned attempt writes no completion and is not counted
     Redeliverer.step        metrics.attempts_expired(len(requeued))
     LeaseKeeper._rebalance  metrics.lease_acquired(len(acquired))
     LeaseKeeper._hand_back, release_all
@@ -55,10 +60,16 @@ The node creates one ``NodeMetrics`` and passes it to the actors like any depend
     LeaseKeeper._renew      where a renewal was refused: metrics.lease_lost(LEASE_LOST_REFUSED)
     LeaseKeeper._expire_locally
                             metrics.lease_lost(LEASE_LOST_EXPIRED)
-    Node.__init__           metrics.watch(lambda: node_gauges(
+    PlannerSupervisor._run_partition
+                            where a planner gives its partition up and drops it:
+                              metrics.lease_lost(LEASE_LOST_REFUSED) on a rejected fence,
+                              metrics.lease_lost(LEASE_LOST_EXPIRED) when the trust window
+                              ended (its deadline fires before the lease keeper's next
+                              cycle, so most trust-window losses are counted here)
+    Node.__init__           metrics.watch(self._gauges), which returns node_gauges(
                                 self.statistics(), self.clock_monitor.now(),
                                 queue_capacity=self.dispatcher.config.queue_max,
-                                workers=config.workers))
+                                workers=config.workers)
     GET /metrics            body, content_type = render(metrics.registry, request_accept)
 
 Render from the trio thread: the source reads actor state that only that thread writes.
@@ -77,6 +88,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
+from engine.config import SLO_TARGET_S_DEFAULT
 from engine.errors import ConfigError
 from engine.model import Execution
 
@@ -85,8 +97,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("carillon.metrics")
 
-SLO_TARGET_S_DEFAULT: Final = 60.0
-"""An execution started within this many seconds of its planned instant is on time."""
 SLO_WINDOW_STARTS_DEFAULT: Final = 10_000
 """First-attempt starts the SLO gauge looks back over."""
 SLO_WINDOW_STARTS_MAX: Final = 10_000_000

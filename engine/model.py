@@ -38,12 +38,19 @@ CONCURRENCY_MAX: Final = 1_000_000
 TENANT_WEIGHT_MAX: Final = 1000
 TENANT_RATE_PER_S_MAX: Final = 1_000_000.0
 TENANT_BURST_MAX: Final = 1_000_000
+TENANT_SCHEDULES_MAX: Final = 10_000_000
+"""Largest schedule quota a tenant may be given."""
 SETTINGS_BYTES_MAX: Final = 16 * 1024
 """Largest JSON-encoded handler settings a task type may carry."""
 ACTOR_LENGTH_MAX: Final = 200
 """Longest actor an audit event may name (``cli:alice@build-host-7``)."""
 REASON_LENGTH_MAX: Final = 1000
 """Longest reason an operator may give for an audited action."""
+TOKEN_DESCRIPTION_LENGTH_MAX: Final = 200
+SCOPE_ADMIN: Final = "admin"
+"""The scope of an API token that may do everything."""
+SCOPE_TENANT_PREFIX: Final = "tenant:"
+"""``tenant:<tenant id>``: the scope of an API token confined to one tenant."""
 
 _IDENTIFIER: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._~-]*$")
 _LINE_BREAKS_AND_TABS: Final = str.maketrans("", "", "\r\n\t")
@@ -154,6 +161,9 @@ class Tenant(msgspec.Struct, frozen=True, kw_only=True):
     """Sustained starts per second for this tenant (``None``: only the node's rate)."""
     burst: int | None = None
     """Starts allowed at once above ``rate_per_s`` (needs a rate)."""
+    schedules_max: int | None = None
+    """Most live schedules the tenant may own (``None``: no quota); creates beyond it are
+    refused with :class:`~engine.errors.QuotaExceeded`."""
     updated_at: datetime | None = None
     version: int = 1
 
@@ -215,6 +225,18 @@ class AuditAction(enum.StrEnum):
     """A dead letter was put back in the queue. ``target``: its execution id; ``details``:
     ``reason`` (the operator's, or ``None``), ``attempt`` (its attempt count when replayed)
     and ``error_code`` (the error it was dead-lettered with)."""
+    SCHEDULE_TRIGGER = "schedule.trigger"
+    """An operator ran a schedule now. ``target``: the execution id; ``details``:
+    ``schedule_id`` and ``reason``."""
+    SCHEDULE_BACKFILL = "schedule.backfill"
+    """An operator added past fires of a schedule. ``target``: the schedule id; ``details``:
+    ``inserted`` and ``requested`` (counts), ``first`` and ``last`` (the earliest and latest
+    instant asked for, RFC 3339 UTC) and ``reason``."""
+    TOKEN_CREATE = "token.create"
+    """An API token was created. ``target``: its token id; ``details``: ``scope`` and
+    ``description``."""
+    TOKEN_REVOKE = "token.revoke"
+    """An API token was revoked. ``target``: its token id; ``details``: ``scope``."""
 
 
 class AuditEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -231,6 +253,22 @@ class AuditEvent(msgspec.Struct, frozen=True, kw_only=True):
     Carillon can still be read)."""
     target: str
     details: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class ApiToken(msgspec.Struct, frozen=True, kw_only=True):
+    """A bearer token of the HTTP API, as the ledger stores it: never the secret itself,
+    only its SHA-256 beside this record (:func:`validate_api_token`)."""
+
+    token_id: str
+    """The public handle (an identifier): what listings show and revocation names."""
+    scope: str
+    """``admin``, or ``tenant:<tenant id>`` for a token confined to one tenant."""
+    description: str = ""
+    """Up to 200 printable characters saying whose it is and what for."""
+    created_at: datetime | None = None
+    """Set by the ledger."""
+    revoked_at: datetime | None = None
+    """Set by the ledger when revoked; a revoked token is kept, and refused by its users."""
 
 
 class Lease(msgspec.Struct, frozen=True, kw_only=True):
@@ -293,6 +331,36 @@ def validate_reason(reason: str | None) -> str | None:
     if not reason.translate(_LINE_BREAKS_AND_TABS).isprintable():
         raise InvalidField("reason must hold printable characters only (and line breaks)")
     return reason
+
+
+def validate_scope(scope: str) -> str:
+    """Check an API token's scope: exactly ``admin``, or ``tenant:`` and a tenant id."""
+    if isinstance(scope, str) and scope.startswith(SCOPE_TENANT_PREFIX):
+        validate_identifier(scope.removeprefix(SCOPE_TENANT_PREFIX), kind="scope's tenant id")
+        return scope
+    if scope != SCOPE_ADMIN:
+        raise InvalidField(
+            f"scope {scope!r} is invalid: use {SCOPE_ADMIN!r} or '{SCOPE_TENANT_PREFIX}<tenant id>'"
+        )
+    return scope
+
+
+def validate_api_token(token: ApiToken) -> ApiToken:
+    """``token``'s id, scope and description checked; ``InvalidField`` naming the first bad
+    one. The times are the ledger's to set, so they are not checked."""
+    validate_identifier(token.token_id, kind="token id")
+    validate_scope(token.scope)
+    description = token.description
+    if (
+        not isinstance(description, str)
+        or len(description) > TOKEN_DESCRIPTION_LENGTH_MAX
+        or not description.isprintable()
+    ):
+        raise InvalidField(
+            f"token {token.token_id!r}: description must be at most "
+            f"{TOKEN_DESCRIPTION_LENGTH_MAX} printable characters"
+        )
+    return token
 
 
 def execution_id(schedule_id: str, planned_at: datetime) -> str:
@@ -395,6 +463,9 @@ def validate_tenant(tenant: Tenant) -> Tenant:
         ),
         rate_per_s=rate,
         burst=burst,
+        schedules_max=_count_or_none(
+            tenant.schedules_max, TENANT_SCHEDULES_MAX, f"{where}: schedules_max"
+        ),
     )
 
 

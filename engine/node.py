@@ -15,6 +15,10 @@
         ├── Dispatcher          due executions -> fair queue -> claim -> workers
         └── Redeliverer         re-queues executions whose attempt lease ran out
 
+The node's metrics (:class:`~engine.metrics.NodeMetrics`, ``node.metrics``) are on a registry
+of its own: the actors move the counters and histograms as work happens, and the gauges are
+read from :meth:`Node.statistics` at each scrape.
+
 On cancellation (SIGTERM/SIGINT in ``carillon run``) the actors stop, then -- shielded and
 bounded by ``shutdown_timeout_s`` -- the node releases its leases, so other nodes take the
 partitions over at once instead of waiting for expiry, and leaves the membership.
@@ -48,6 +52,9 @@ from engine.actors.redeliverer import Redeliverer, RedelivererConfig, Redelivere
 from engine.actors.retention import RetentionConfig, RetentionKeeper, RetentionStatistics
 from engine.actors.supervisor import ChildSpec, Supervisor, SupervisorStatistics
 from engine.actors.workers import WorkerPool, WorkerPoolConfig, WorkerStatistics
+from engine.api.app import ANONYMOUS_BURST, ANONYMOUS_RATE_PER_S, ApiConfig, ApiContext
+from engine.api.auth import Authenticator
+from engine.api.server import ApiServer
 from engine.clock import Clock
 from engine.config import NodeConfig
 from engine.core.dispatch import ConcurrencyLimits
@@ -55,6 +62,7 @@ from engine.core.timetable import TimetableCache
 from engine.errors import ConfigError, LedgerUnavailable
 from engine.handlers import HandlerOptions
 from engine.ledger.base import Ledger
+from engine.metrics import NodeGauges, NodeMetrics, node_gauges, render
 from engine.model import Execution
 
 log = logging.getLogger("carillon.node")
@@ -85,14 +93,20 @@ class Node:
         self._rng = rng
         self.table = PartitionTable()
         self.cache = TimetableCache()
-        self.membership = Membership(
-            MembershipConfig(config.node_id, config.region, config.lease_ttl_s), ledger, rng
+        self.metrics = NodeMetrics(
+            slo_target_s=config.slo_target_s, tenant_labels=config.metrics_tenant_labels
         )
         self.clock_monitor = ClockMonitor(
             ClockMonitorConfig(config.clock_skew_bound_s, config.clock_probe_interval_s),
             ledger,
             clock,
             rng,
+        )
+        self.membership = Membership(
+            MembershipConfig(config.node_id, config.region, config.lease_ttl_s),
+            ledger,
+            rng,
+            lambda: self.clock_monitor.statistics().offset_s,
         )
         self.lease_keeper = LeaseKeeper(
             LeaseKeeperConfig(config.node_id, config.lease_ttl_s, config.lease_safety_margin_s),
@@ -101,6 +115,7 @@ class Node:
             self.table,
             self.membership,
             rng,
+            metrics=self.metrics,
         )
         self._planner_config = PlannerConfig(
             lookahead_s=config.lookahead_s,
@@ -130,6 +145,8 @@ class Node:
             ),
             rng,
             table=self.table,
+            monitor=self.clock_monitor,
+            metrics=self.metrics,
             on_finished=self._finished,
             on_retry=self._request_fetch,
         )
@@ -148,11 +165,15 @@ class Node:
             self.workers,
             self.limits,
             rng,
+            metrics=self.metrics,
         )
-        self.redeliverer = Redeliverer(RedelivererConfig(), ledger, self.table)
+        self.redeliverer = Redeliverer(
+            RedelivererConfig(), ledger, self.table, metrics=self.metrics
+        )
         self.retention = RetentionKeeper(
             RetentionConfig(keep_s=config.retention_days * 86400), ledger, self.table
         )
+        self.api = self._new_api()
         self.supervisor = Supervisor(
             [
                 ChildSpec("membership", lambda: self.membership),
@@ -165,9 +186,20 @@ class Node:
                 ChildSpec("workers", lambda: self.workers),
                 ChildSpec("dispatcher", lambda: self.dispatcher),
                 ChildSpec("redeliverer", lambda: self.redeliverer),
+                *self._api_child(),
             ],
             clock=clock,
             rng=rng,
+        )
+        self.metrics.watch(self._gauges)
+
+    def _gauges(self) -> NodeGauges:
+        """The scrape-time gauges (read on the trio thread: they read actor state)."""
+        return node_gauges(
+            self.statistics(),
+            self.clock_monitor.now(),
+            queue_capacity=self.dispatcher.config.queue_max,
+            workers=self.config.workers,
         )
 
     def _request_fetch(self, at: datetime) -> None:
@@ -177,8 +209,36 @@ class Node:
         self.dispatcher.finished(execution)  # set in __init__ before any worker runs
 
     def notify(self, partition_id: int, schedule_id: str) -> None:
-        """Change-feed sink: forward to whichever planner supervisor is current."""
+        """Change-feed sink: forward to whichever planner supervisor is current, and fetch
+        at once when this node owns the partition (a trigger or backfill through the API on
+        any node added executions that are startable now)."""
         self.planners.notify(partition_id, schedule_id)
+        if partition_id in self.table:
+            self.dispatcher.request_fetch(self.clock_monitor.now())
+
+    def _new_api(self) -> ApiServer | None:
+        """The HTTP API actor, unless ``http`` is empty."""
+        if not self.config.http:
+            return None
+        config = self.config
+        context = ApiContext(
+            self.ledger,
+            Authenticator(
+                self.ledger,
+                self.clock.monotonic,
+                token_rate_per_s=config.api_token_rate_per_s,
+                token_burst=config.api_token_burst,
+                anonymous_rate_per_s=ANONYMOUS_RATE_PER_S,
+                anonymous_burst=ANONYMOUS_BURST,
+            ),
+            metrics_protected=config.metrics_protected,
+            metrics=lambda accept: render(self.metrics.registry, accept),
+        )
+        return ApiServer(ApiConfig(bind=config.http), context)
+
+    def _api_child(self) -> list[ChildSpec]:
+        api = self.api
+        return [] if api is None else [ChildSpec("api", lambda: api)]
 
     async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled, then shut down gracefully (bounded)."""
@@ -220,6 +280,7 @@ class Node:
             self._rng,
             self.forecast,
             self._request_fetch,
+            metrics=self.metrics,
         )
 
     def _restart_planners(self) -> PlannerSupervisor:

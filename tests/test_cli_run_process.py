@@ -40,7 +40,7 @@ async def test_a_node_process_starts_owns_partitions_and_releases_them_on_sigter
         command = [
             sys.executable, "-m", "engine", "run", "--database-url", url,
             "--node-id", "proc-1", "--lease-ttl", "3", "--lease-safety-margin", "0.5",
-            "--log-format", "json",
+            "--log-format", "json", "--http", "127.0.0.1:0",
         ]  # fmt: skip
         process = await trio.lowlevel.open_process(command, stderr=subprocess.PIPE)
         assert process.stderr is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -64,6 +65,17 @@ def test_node_config_rejects_a_margin_of_a_third_of_the_ttl_or_more() -> None:
         NodeConfig(node_id="n1", lease_ttl_s=9.0, lease_safety_margin_s=3.0)
 
 
+@pytest.mark.parametrize("target", [0.0, -1.0, 86_401.0, math.nan])
+def test_node_config_rejects_an_slo_target_that_is_not_within_a_day(target: float) -> None:
+    with pytest.raises(ConfigError, match=r"slo_target_s must be more than 0 and at most 86400"):
+        NodeConfig(node_id="n1", slo_target_s=target)
+
+
+def test_node_config_takes_an_slo_target_of_up_to_a_day() -> None:
+    assert NodeConfig(node_id="n1", slo_target_s=86_400).slo_target_s == 86_400
+    assert NodeConfig(node_id="n1").slo_target_s == 60.0
+
+
 def test_node_config_reports_every_problem_at_once() -> None:
     with pytest.raises(ConfigError) as caught:
         NodeConfig(node_id="has space", plan_batch_max=0, shutdown_timeout_s=0)
@@ -101,6 +113,28 @@ def test_values_are_converted_to_the_field_types(tmp_path: Path) -> None:
     assert config.lease_ttl_s == 20.0
     assert isinstance(config.lease_ttl_s, float)
     assert config.clock_probe_interval_s == 2.5
+
+
+def test_metrics_settings_come_from_flags_env_and_file(tmp_path: Path) -> None:
+    assert load().metrics_tenant_labels is False
+    toml = write(tmp_path, "[node]\nslo_target_s = 30\nmetrics_tenant_labels = true\n")
+    from_file = load(toml=toml)
+    assert (from_file.slo_target_s, from_file.metrics_tenant_labels) == (30.0, True)
+    env = {"CARILLON_SLO_TARGET_S": "45", "CARILLON_METRICS_TENANT_LABELS": "off"}
+    from_env = load(env=env, toml=toml)
+    assert (from_env.slo_target_s, from_env.metrics_tenant_labels) == (45.0, False)
+    from_flags = load({"slo_target_s": "5", "metrics_tenant_labels": "yes"}, env, toml)
+    assert (from_flags.slo_target_s, from_flags.metrics_tenant_labels) == (5.0, True)
+
+
+@pytest.mark.usefixtures("no_database")
+def test_run_rejects_an_slo_target_beyond_a_day_naming_the_flag(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["run", "--slo-target", "90000"]) == 1
+    line = one_line_error(capsys.readouterr().err)
+    assert "slo_target_s must be more than 0 and at most 86400 seconds" in line
+    assert "(slo_target_s from --slo-target)" in line
 
 
 def test_database_url_is_taken_from_the_environment_variable_the_resolver_reads() -> None:
@@ -188,7 +222,14 @@ def test_default_node_ids_differ_between_calls_and_name_the_process() -> None:
 def test_every_setting_has_a_flag_an_env_var_and_help() -> None:
     flags = [setting.flag for setting in SETTINGS]
     assert len(set(flags)) == len(flags)
-    assert {"--lease-ttl", "--lookahead", "--shutdown-timeout", "--node-id"} <= set(flags)
+    assert {
+        "--lease-ttl",
+        "--lookahead",
+        "--shutdown-timeout",
+        "--node-id",
+        "--slo-target",
+        "--metrics-tenant-labels",
+    } <= set(flags)
     assert all(setting.env_var == "CARILLON_" + setting.name.upper() for setting in SETTINGS)
     assert all(setting.help for setting in SETTINGS)
 

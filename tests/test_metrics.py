@@ -97,7 +97,9 @@ def planner(
 
 def idle_node_statistics() -> NodeStatistics:
     clock = ManualClock(T0)
-    node = Node(NodeConfig(node_id="n1"), MemoryLedger(clock=clock), clock, random.Random(1))
+    node = Node(
+        NodeConfig(node_id="n1", http=""), MemoryLedger(clock=clock), clock, random.Random(1)
+    )
     return node.statistics()
 
 

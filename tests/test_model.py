@@ -17,6 +17,7 @@ from engine.model import (
     execution_id,
     parse_execution_id,
     validate_identifier,
+    validate_scope,
 )
 
 
@@ -68,3 +69,16 @@ def test_terminal_statuses() -> None:
         ExecutionStatus.DEAD_LETTER,
         ExecutionStatus.SKIPPED,
     }
+
+
+@pytest.mark.parametrize("scope", ["admin", "tenant:acme", "tenant:a.b_c~d-1"])
+def test_token_scopes_are_admin_or_one_tenant(scope: str) -> None:
+    assert validate_scope(scope) == scope
+
+
+@pytest.mark.parametrize(
+    "scope", ["", "Admin", "root", "tenant:", "tenant:a b", "tenants:x", "tenant"]
+)
+def test_other_token_scopes_are_refused(scope: str) -> None:
+    with pytest.raises(InvalidField, match="scope"):
+        validate_scope(scope)

@@ -9,7 +9,7 @@ PINNED = {
     "OverlapPolicy", "PlannerCheckpoint", "Schedule", "ScheduleNeverFires", "SystemClock",
     "Timetable", "TimetableCache", "UnknownTimeZone", "ValidationError", "VersionConflict",
     "__version__", "execution_id", "partition_of", "stable_hash",
-    "TransientError", "PermanentError", "TaskType", "Tenant", "HandlerKind",
+    "TransientError", "PermanentError", "TaskType", "Tenant", "HandlerKind", "QuotaExceeded",
 }  # fmt: skip
 
 

@@ -59,6 +59,7 @@ from engine.ledger.base import (
     Ledger,
     due_cursor,
 )
+from engine.metrics import SKIP_OVERLAP, NodeMetrics
 from engine.model import Execution, TaskType
 
 log = logging.getLogger("carillon.dispatcher")
@@ -124,8 +125,11 @@ class Dispatcher:
         workers: WorkerPool,
         limits: ConcurrencyLimits,
         rng: random.Random,
+        *,
+        metrics: NodeMetrics,
     ) -> None:
         self.config = config
+        self._metrics = metrics
         self._ledger = ledger
         self._clock = clock
         self._monitor = monitor
@@ -156,6 +160,8 @@ class Dispatcher:
         self.overlap = OverlapGuard(
             ledger, table, self._schedules, self.queue, limits, rng, self._task_types_get
         )
+        self._overlap_skipped_counted = 0
+        """``overlap.skipped`` when last added to the metrics."""
         self._dispatching: set[str] = set()
         """Popped, and not yet claimed or given up: still startable in the ledger."""
         self._gate_room: int | None = None
@@ -184,6 +190,13 @@ class Dispatcher:
         self.overlap.started_done(execution.schedule_id)
         if self._gate_room is None or self._workers.free - self._claiming >= self._gate_room:
             self._nudge()  # at the gate, only once there is a batch's worth of room
+
+    def _count_overlap_skips(self) -> None:
+        """Add the executions the overlap guard recorded as skipped since the last time."""
+        skipped = self.overlap.skipped
+        if skipped != self._overlap_skipped_counted:
+            self._metrics.skipped(SKIP_OVERLAP, skipped - self._overlap_skipped_counted)
+            self._overlap_skipped_counted = skipped
 
     def _task_types_get(self, name: str) -> TaskType | None:
         return self._task_types.get(name)
@@ -293,6 +306,8 @@ class Dispatcher:
         except BaseException:
             self._dispatching.difference_update(popped)
             raise
+        finally:
+            self._count_overlap_skips()
         kept = {execution.execution_id for execution in admitted}
         self._dispatching.difference_update(eid for eid in popped if eid not in kept)
         self._claiming += len(admitted)

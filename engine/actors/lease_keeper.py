@@ -36,6 +36,7 @@ from engine.clock import Clock
 from engine.core.ownership import plan_ownership
 from engine.errors import LedgerUnavailable
 from engine.ledger.base import Fence, LeasesAcquire, LeasesRelease, LeasesRenew, Ledger
+from engine.metrics import LEASE_LOST_EXPIRED, LEASE_LOST_REFUSED, NodeMetrics
 
 log = logging.getLogger("carillon.leases")
 
@@ -74,8 +75,11 @@ class LeaseKeeper:
         table: PartitionTable,
         membership: Membership,
         rng: random.Random,
+        *,
+        metrics: NodeMetrics,
     ) -> None:
         self.config = config
+        self._metrics = metrics
         self._ledger = ledger
         self._clock = clock
         self._table = table
@@ -114,6 +118,7 @@ class LeaseKeeper:
         if fences:
             released = await self._ledger.leases_release(LeasesRelease(fences))
             self._counts["released"] += released
+            self._metrics.lease_released(released)
             log.info("released %d leases", released)
 
     def statistics(self) -> LeaseStatistics:
@@ -140,6 +145,7 @@ class LeaseKeeper:
                 owned.extend(self._trusted_until(started))
             else:
                 self._counts["lost"] += 1
+                self._metrics.lease_lost(LEASE_LOST_REFUSED)
                 log.warning("lost the lease of partition %d", fence.partition_id)
                 self._table.drop(fence.partition_id)
 
@@ -149,6 +155,7 @@ class LeaseKeeper:
             owned = self._table.get(partition_id)
             if owned is not None and owned.trusted_until <= now:
                 self._counts["expired"] += 1
+                self._metrics.lease_lost(LEASE_LOST_EXPIRED)
                 log.warning("partition %d: lease no longer trusted; stepping down", partition_id)
                 self._table.drop(partition_id)
 
@@ -168,6 +175,7 @@ class LeaseKeeper:
                 fence = Fence(lease.partition_id, self.config.node_id, lease.fencing_token)
                 self._table.add(fence, self._trusted_until(started))
             self._counts["acquired"] += len(acquired)
+            self._metrics.lease_acquired(len(acquired))
             if acquired:
                 log.info(
                     "acquired partitions %s (target %d)",
@@ -182,4 +190,5 @@ class LeaseKeeper:
                 await owned.stopped.wait()
         released = await self._ledger.leases_release(LeasesRelease([o.fence for o in dropped]))
         self._counts["released"] += released
+        self._metrics.lease_released(released)
         log.info("handed back partitions %s", partition_ids)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -38,8 +39,17 @@ class MembershipStatistics(msgspec.Struct, frozen=True):
 
 
 class Membership:
-    def __init__(self, config: MembershipConfig, ledger: Ledger, rng: random.Random) -> None:
+    def __init__(
+        self,
+        config: MembershipConfig,
+        ledger: Ledger,
+        rng: random.Random,
+        clock_offset_s: Callable[[], float | None] = lambda: None,
+    ) -> None:
         self.config = config
+        self._clock_offset_s = clock_offset_s
+        """The node's measured offset to the database clock, published with each beat (for
+        ``GET /v1/cluster``)."""
         self._ledger = ledger
         self._rng = rng
         self.live_nodes: list[str] = [config.node_id]
@@ -60,7 +70,12 @@ class Membership:
     async def step(self) -> None:
         """Beat once and refresh the live set."""
         await self._ledger.nodes_heartbeat(
-            NodesHeartbeat(self.config.node_id, self.config.region, self.config.ttl_s)
+            NodesHeartbeat(
+                self.config.node_id,
+                self.config.region,
+                self.config.ttl_s,
+                clock_offset_s=self._clock_offset_s(),
+            )
         )
         live = [node.node_id for node in await self._ledger.nodes_live()]
         self.live_nodes = sorted(set(live) | {self.config.node_id})

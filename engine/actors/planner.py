@@ -43,6 +43,7 @@ from engine.ledger.base import (
     ScheduleAdvance,
     SchedulesList,
 )
+from engine.metrics import SKIP_CATCHUP_BULK, NodeMetrics
 from engine.model import CatchUpPolicy, Schedule
 
 log = logging.getLogger("carillon.planner")
@@ -103,8 +104,13 @@ class Planner:
         forecast: BurstForecast | None = None,
         load_slots: trio.Semaphore | None = None,
         on_planned: Callable[[datetime], None] = lambda at: None,
+        *,
+        metrics: NodeMetrics,
     ) -> None:
         self.fence = fence
+        self._metrics = metrics
+        self._bulk_skips = 0
+        """Ranges skipped in bulk by the batch being built; counted once it is written."""
         self._on_planned = on_planned
         self._load_slots = load_slots or trio.Semaphore(1)
         self._forecast = forecast or BurstForecast(
@@ -206,6 +212,7 @@ class Planner:
         due = self._heap.pop_until(until, limit=self.config.batch_max)
         if not due:
             return 0
+        self._bulk_skips = 0
         executions: list[PlannedExecution] = []
         advances: list[ScheduleAdvance] = []
         pushes: list[tuple[str, datetime]] = []
@@ -239,12 +246,13 @@ class Planner:
             self._heap.push(schedule_id, next_at)
             if schedule_id in stale:
                 self.notify(schedule_id)
-        self._planned += sum(1 for e in executions if e.error_code is None)
-        self._skipped += sum(1 for e in executions if e.error_code is not None)
+        queued = [e.planned_at for e in executions if e.error_code is None]
+        self._planned += len(queued)
+        self._skipped += len(executions) - len(queued)
         self._batches += 1
         self._checkpoint = checkpoint
         self._publish()
-        queued = [e.planned_at for e in executions if e.error_code is None]
+        self._count(executions, queued, now)
         if queued:
             self._on_planned(min(queued))  # the dispatcher fetches them when they are due
         return handled
@@ -261,6 +269,22 @@ class Planner:
         )
 
     # -- internals ------------------------------------------------------------------------
+
+    def _count(
+        self, executions: list[PlannedExecution], queued: list[datetime], now: datetime
+    ) -> None:
+        """Count the batch just written: queued executions as enqueued, catch-up records as
+        skipped. Only a batch whose write returned counts, so one planned again after its
+        answer was lost counts once."""
+        metrics = self._metrics
+        metrics.executions_planned(queued, now)
+        if len(queued) != len(executions):
+            for e in executions:
+                if e.error_code is not None:
+                    metrics.skipped(e.error_code)
+        if self._bulk_skips:
+            metrics.skipped(SKIP_CATCHUP_BULK, self._bulk_skips)
+            self._bulk_skips = 0
 
     def _resolve(
         self, entry: _Entry, at: datetime, now: datetime, executions: list[PlannedExecution]
@@ -281,6 +305,7 @@ class Planner:
             grace_s=self.config.catchup_grace_s,
         )
         if result.bulk_skipped is not None:
+            self._bulk_skips += 1  # counted by _count once the batch is written
             start, end = result.bulk_skipped
             log.warning(
                 "partition %d: schedule %s missed too many fires; skipped %s..%s in bulk",

@@ -25,6 +25,7 @@ from engine.actors.partitions import OwnedPartition, PartitionTable
 from engine.actors.planner import PartitionLost, Planner, PlannerConfig, PlannerStatistics
 from engine.core.timetable import TimetableCache
 from engine.ledger.base import Ledger
+from engine.metrics import LEASE_LOST_EXPIRED, LEASE_LOST_REFUSED, NodeMetrics
 
 log = logging.getLogger("carillon.planners")
 
@@ -46,8 +47,11 @@ class PlannerSupervisor:
         rng: random.Random,
         forecast: BurstForecast,
         on_planned: Callable[[datetime], None] = lambda at: None,
+        *,
+        metrics: NodeMetrics,
     ) -> None:
         self.config = config
+        self._metrics = metrics
         self._on_planned = on_planned
         self._forecast = forecast
         # Loading is bulk work: a few partitions at a time keep the pool and the CPU free
@@ -102,8 +106,9 @@ class PlannerSupervisor:
             self._forecast,
             self._load_slots,
             self._on_planned,
+            metrics=self._metrics,
         )
-        stepped_down = False
+        stepped_down: str | None = None  # the lease-loss reason, once this planner gives up
         try:
             with trio.CancelScope(deadline=owned.trusted_until) as scope:
                 owned.scope = scope
@@ -112,10 +117,10 @@ class PlannerSupervisor:
                     await planner.run()
                 except PartitionLost as exc:
                     log.warning("%s; stopping its planner", exc)
-                    stepped_down = True
+                    stepped_down = LEASE_LOST_REFUSED
             if scope.cancelled_caught and owned.trusted_until <= trio.current_time():
                 log.warning("partition %d: trust window ended; planner stopped", partition_id)
-                stepped_down = True
+                stepped_down = LEASE_LOST_EXPIRED
         finally:
             owned.scope = None
             self._forecast.forget(partition_id)
@@ -124,8 +129,11 @@ class PlannerSupervisor:
             # Drop the partition only when this planner gave it up. Cancelled from outside
             # (shutdown, a restart of this actor) or crashed, the lease is still ours: the
             # node releases it on shutdown, or a new planner takes over after a restart.
-            if stepped_down and self._table.get(partition_id) is owned:
+            if stepped_down is not None and self._table.get(partition_id) is owned:
                 self._table.drop(partition_id)
+                # The lease keeper counts the partitions it drops itself; this one it will
+                # find gone, so the loss is counted here (once: only one of them drops it).
+                self._metrics.lease_lost(stepped_down)
             owned.stopped.set()
             current = self._table.get(partition_id)
             if current is not None and current is not owned and self._nursery is not None:

@@ -18,6 +18,7 @@ from engine.actors.partitions import PartitionTable
 from engine.actors.retry import repeat_every
 from engine.errors import LeaseLost
 from engine.ledger.base import ExecutionsRequeueExpired, Ledger
+from engine.metrics import NodeMetrics
 
 log = logging.getLogger("carillon.redeliverer")
 
@@ -33,8 +34,16 @@ class RedelivererStatistics(msgspec.Struct, frozen=True):
 
 
 class Redeliverer:
-    def __init__(self, config: RedelivererConfig, ledger: Ledger, table: PartitionTable) -> None:
+    def __init__(
+        self,
+        config: RedelivererConfig,
+        ledger: Ledger,
+        table: PartitionTable,
+        *,
+        metrics: NodeMetrics,
+    ) -> None:
         self.config = config
+        self._metrics = metrics
         self._ledger = ledger
         self._table = table
         self._requeued = 0
@@ -58,6 +67,7 @@ class Redeliverer:
         if requeued:
             log.warning("re-queued %d executions whose attempt lease expired", len(requeued))
         self._requeued += len(requeued)
+        self._metrics.attempts_expired(len(requeued))
         return requeued
 
     def statistics(self) -> RedelivererStatistics:

@@ -41,6 +41,7 @@ from typing import Any, Final
 import msgspec
 import trio
 
+from engine.actors.clock_monitor import ClockMonitor
 from engine.actors.completions import CompletionWriter
 from engine.actors.partitions import PartitionTable
 from engine.actors.retry import retry_unavailable
@@ -58,6 +59,7 @@ from engine.ledger.base import (
     Ledger,
     Outcome,
 )
+from engine.metrics import NodeMetrics
 from engine.model import Execution, TaskType
 
 log = logging.getLogger("carillon.workers")
@@ -148,10 +150,14 @@ class WorkerPool:
         rng: random.Random,
         *,
         table: PartitionTable,
+        monitor: ClockMonitor,
+        metrics: NodeMetrics,
         on_finished: Callable[[Execution], None] = lambda execution: None,
         on_retry: Callable[[datetime], None] = lambda at: None,
     ) -> None:
         self.config = config
+        self._monitor = monitor
+        self._metrics = metrics
         self._ledger = ledger
         self._clock = clock
         self._completions = completions
@@ -279,6 +285,7 @@ class WorkerPool:
     async def _execute(self, work: Work, held: _Held) -> None:
         execution = work.execution
         policy = RetryPolicy()
+        run_started: float | None = None
         try:
             kind = await self._kind(execution.task_type)
             policy = kind.policy
@@ -297,6 +304,9 @@ class WorkerPool:
             if held.abandoned:
                 return  # taken away while its context was prepared
             timeout_s = kind.task_type.timeout_s
+            delay = self._monitor.now() - execution.planned_at
+            self._metrics.execution_started(execution, delay.total_seconds())
+            run_started = self._clock.monotonic()
             # One scope for both ends of a run: the deadline (the handler hangs) and an
             # abandonment (the attempt was taken away; see _abandon).
             with trio.CancelScope(deadline=trio.current_time() + timeout_s + TIMEOUT_GRACE_S) as (
@@ -312,6 +322,7 @@ class WorkerPool:
         except CarillonError as exc:
             log.error("execution %s cannot run: %s", execution.execution_id, exc)
             result = HandlerResult.unknown("setup_error", str(exc))
+        ran_s = 0.0 if run_started is None else self._clock.monotonic() - run_started
         decision = decide(
             result.kind,
             execution.attempt,
@@ -321,6 +332,7 @@ class WorkerPool:
             retry_after_s=result.retry_after_s,
         )
         self._finished[decision.outcome] = self._finished.get(decision.outcome, 0) + 1
+        self._metrics.execution_finished(execution.task_type, decision.outcome, ran_s)
         if decision.not_before is not None:
             self._on_retry(decision.not_before)
         await self._completions.submit(

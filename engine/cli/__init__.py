@@ -1,8 +1,11 @@
 """The ``carillon`` command (also ``python -m engine``).
 
-Each subcommand lives in its own module and registers itself through ``add_parser``. Bad
-input ends with exit code 2 and a single ``carillon: error: ...`` line on stderr -- never a
-traceback; operating errors (database gone) with exit code 1.
+Each subcommand lives in its own module and registers itself through ``add_parser``. Most
+are clients of a node's HTTP API (:mod:`engine.cli.client`); ``migrate``, ``token`` and
+``dlq audit`` talk to the database directly (:mod:`engine.cli.database`); ``run`` starts a
+node and ``preview`` needs neither. Bad input ends with exit code 2 and a single
+``carillon: error: ...`` line on stderr -- never a traceback; operating errors (API or
+database unreachable, a refused request) with exit code 1.
 """
 
 from __future__ import annotations
@@ -13,7 +16,20 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from engine import __version__
-from engine.cli import dlq, migrate, preview, run, schedules, task_types, tenants
+from engine.cli import (
+    cluster,
+    dlq,
+    executions,
+    import_crontab,
+    migrate,
+    preview,
+    run,
+    schedules,
+    task_types,
+    tenants,
+    tokens,
+)
+from engine.cli.client import CommandFailed
 from engine.errors import CarillonError, ValidationError
 
 EXIT_OK = 0
@@ -35,13 +51,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"carillon {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    preview.add_parser(commands)
-    migrate.add_parser(commands)
-    run.add_parser(commands)
-    task_types.add_parser(commands)
-    tenants.add_parser(commands)
-    dlq.add_parser(commands)
-    schedules.add_parser(commands)
+    for module in (
+        preview,
+        migrate,
+        run,
+        tokens,
+        schedules,
+        executions,
+        dlq,
+        import_crontab,
+        task_types,
+        tenants,
+        cluster,
+    ):
+        module.add_parser(commands)
     return parser
 
 
@@ -57,11 +80,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         code: int = args.handler(args)
+    except CommandFailed as exc:
+        print(f"carillon: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     except ValidationError as exc:
         print(f"carillon: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except CarillonError as exc:
         print(f"carillon: error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+        if not getattr(args, "speaks_api", False):
+            raise  # a bug: its traceback is wanted
+        # The API answered with a success the commands cannot read: another service at
+        # CARILLON_URL, or a node of another version.
+        print(
+            f"carillon: error: unexpected answer from the API ({type(exc).__name__}: {exc}); "
+            f"is CARILLON_URL a Carillon API of this version ({__version__})?",
+            file=sys.stderr,
+        )
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return 130

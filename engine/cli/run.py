@@ -23,6 +23,7 @@ own or overran its shutdown. Operating errors are logged as one line, bugs with 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import enum
 import functools
 import logging
@@ -111,6 +112,12 @@ def add_parser(commands: Any) -> None:
             metavar=_metavar(setting),
             help=f"{setting.help} ({shown}env {setting.env_var})",
         )
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        help=f"first store a noop task type {DEMO_TASK_TYPE!r} and a schedule {DEMO_SCHEDULE!r} "
+        "firing every 10 seconds (what `make run` does), unless they exist",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -144,7 +151,9 @@ def run(args: argparse.Namespace) -> int:
     open_ledger, make_node = _load_runtime()
     url = config.database_url
     with resolve_database({} if url is None else {DATABASE_URL_ENV: url}) as database:
-        serve = functools.partial(serve_node, open_ledger=open_ledger, make_node=make_node)
+        serve = functools.partial(
+            serve_node, open_ledger=open_ledger, make_node=make_node, demo=args.demo
+        )
         return trio.run(serve, config, database)
 
 
@@ -179,6 +188,7 @@ async def serve_node(
     make_node: NodeFactory,
     clock: Clock | None = None,
     rng: random.Random | None = None,
+    demo: bool = False,
 ) -> int:
     """Run a node on ``database`` until SIGTERM or SIGINT; returns the exit code.
 
@@ -192,6 +202,7 @@ async def serve_node(
         make_node,
         SystemClock() if clock is None else clock,
         random.Random(secrets.randbits(64)) if rng is None else rng,
+        demo,
     )
     return await session.serve()
 
@@ -205,7 +216,9 @@ class _Session:
         make_node: NodeFactory,
         clock: Clock,
         rng: random.Random,
+        demo: bool = False,
     ) -> None:
+        self.demo = demo
         self.config = config
         self.database = database
         self.open_ledger = open_ledger
@@ -241,10 +254,12 @@ class _Session:
         try:
             with self.guard, self.node_scope:
                 async with self.open_ledger(self.database.app_url) as ledger:
+                    if self.demo:
+                        await seed_demo(ledger)
                     node = self.make_node(self.config, ledger, self.clock, self.rng)
                     async with trio.open_nursery() as nursery:
                         await nursery.start(node.run)
-                        self._log_ready()
+                        self._log_ready(node)
         except Exception as exc:
             operating = _operating_errors(exc)
             if operating:
@@ -266,8 +281,10 @@ class _Session:
             else:
                 _log.warning("already shutting down; SIGKILL stops at once", extra={"signal": name})
 
-    def _log_ready(self) -> None:
+    def _log_ready(self, node: RunnableNode) -> None:
         config, source = self.config, self.database.source
+        api = getattr(node, "api", None)
+        bound = ", ".join(getattr(api, "bound", []))
         _log.info(
             "node ready",
             extra={
@@ -278,6 +295,7 @@ class _Session:
                 "database_url": ResolvedDatabase(self.database.app_url, "env").redacted_url,
                 "lease_ttl_s": config.lease_ttl_s,
                 "lookahead_s": config.lookahead_s,
+                "api": bound or "off",
             },
         )
 
@@ -291,3 +309,41 @@ def _operating_errors(exc: BaseException) -> list[CarillonError]:
         if all(errors):
             return [error for group in errors for error in group]
     return []
+
+
+# --- the demo of `make run` ------------------------------------------------------------------
+
+DEMO_TASK_TYPE: Final = "demo"
+DEMO_SCHEDULE: Final = "demo-every-10s"
+
+
+async def seed_demo(ledger: Ledger) -> None:
+    """Store the demo task type and schedule unless they exist (idempotent)."""
+    from engine.core.timetable import Timetable
+    from engine.errors import AlreadyExists, NotFound, VersionConflict
+    from engine.ledger.base import SchedulesCreate, TaskTypesPut
+    from engine.model import HandlerKind, Schedule, TaskType
+
+    try:
+        await ledger.task_types_get(DEMO_TASK_TYPE)
+    except NotFound:
+        with contextlib.suppress(VersionConflict):  # another process stored it meanwhile
+            await ledger.task_types_put(
+                TaskTypesPut(
+                    TaskType(name=DEMO_TASK_TYPE, kind=HandlerKind.NOOP), expected_version=0
+                )
+            )
+    expression = "*/10 * * * * *"
+    first = Timetable.compile(expression).next_fire(await ledger.database_now()).planned_at
+    schedule = Schedule(
+        schedule_id=DEMO_SCHEDULE,
+        tenant_id="default",
+        cron_expr=expression,
+        task_type=DEMO_TASK_TYPE,
+        next_run_at=first,
+    )
+    try:
+        await ledger.schedules_create(SchedulesCreate([schedule]))
+        _log.info("demo: schedule %s fires every 10 seconds", DEMO_SCHEDULE)
+    except AlreadyExists:
+        pass

@@ -1,194 +1,282 @@
-"""``carillon schedule`` and ``carillon executions``: manage schedules and look at what ran.
+"""``carillon schedule``: create, change, read and delete schedules through the API.
 
-A small operator's client over the ledger until the HTTP API exists. ``schedule put`` is
-declarative: it creates the schedule or replaces it (keeping its id), validating the
-expression, zone and DST policy first and setting ``next_run_at`` to its next fire, so the
-owning node plans it within about a second.
+``add`` without an id creates a schedule under an id the API chooses (``POST``); with an id
+it creates or replaces that schedule (``PUT``): the command line is then the schedule's
+whole definition, and options left out take their defaults, so running it twice changes
+nothing but the version. ``put ID`` is the same as ``add ID`` (its pre-API name). ``update``
+changes only the fields given (``PATCH``). ``--if-version N`` makes ``add ID``, ``update``
+and ``delete`` refuse (exit 1) if someone changed the schedule since version N.
+
+The actions on one schedule (pause, resume, trigger, backfill, preview) are in
+:mod:`engine.cli.schedule_actions`. A changed schedule reaches the node that owns it within
+about a second, whichever node served the request.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-from datetime import timedelta
-from typing import Any
+from typing import Any, Final
 
-import msgspec
-
-from engine.cli.task_types import add_database_argument, run_with_ledger
+from engine.cli import schedule_actions
+from engine.cli.client import add_client_arguments, emit, open_client, segment
+from engine.cli.flags import add_paging, json_object, next_page_note, usage, version
+from engine.cli.output import NONE, cell, print_fields, print_table
 from engine.core.dst import DstGap, DstOverlap
-from engine.core.instants import format_utc
-from engine.core.timetable import Timetable
-from engine.errors import InvalidField, NotFound
-from engine.ledger.base import (
-    PAGE_SIZE_MAX,
-    ExecutionsQuery,
-    Ledger,
-    Page,
-    SchedulesCreate,
-    SchedulesDelete,
-    SchedulesList,
-    SchedulesUpdate,
-)
-from engine.model import (
-    CatchUpPolicy,
-    Execution,
-    ExecutionStatus,
-    OverlapPolicy,
-    Schedule,
-    check_payload_size,
-    validate_identifier,
+from engine.errors import InvalidField
+from engine.model import CatchUpPolicy, OverlapPolicy
+
+OVERLAP_INHERIT: Final = "default"
+"""``update --overlap default``: follow the task type's overlap policy again."""
+_FIELDS: Final = (  # flag destination -> API field, for add and update
+    ("cron", "cron_expr"),
+    ("task_type", "task_type"),
+    ("tz", "timezone"),
+    ("payload", "payload"),
+    ("catch_up", "catch_up"),
+    ("catch_up_window", "catch_up_window_s"),
+    ("dst_gap", "dst_gap"),
+    ("dst_overlap", "dst_overlap"),
+    ("overlap", "overlap"),
 )
 
 
 def add_parser(commands: Any) -> None:
-    parser = commands.add_parser("schedule", help="create, replace, list and delete schedules")
-    parser.set_defaults(handler=lambda _: _usage(parser))
+    parser = commands.add_parser(
+        "schedule",
+        help="create, change, pause, trigger and delete schedules (through the API)",
+        description="Schedules, through the HTTP API.",
+    )
+    parser.set_defaults(handler=lambda _: usage(parser))
     actions = parser.add_subparsers(metavar="ACTION", parser_class=type(parser))
-    put = actions.add_parser("put", help="create or replace a schedule")
-    put.add_argument("schedule_id", metavar="ID")
-    put.add_argument("--cron", required=True, metavar="EXPR", help="cron expression")
-    put.add_argument("--task-type", required=True, metavar="NAME")
-    put.add_argument("--tenant", default="default", metavar="ID", help="tenant [default]")
-    put.add_argument("--tz", default="UTC", metavar="ZONE", help="IANA zone [UTC]")
-    put.add_argument("--payload", default="{}", metavar="JSON", help="JSON object [{}]")
-    put.add_argument("--paused", action="store_true", help="store it disabled")
-    put.add_argument("--catch-up", choices=[p.value for p in CatchUpPolicy], default="latest")
-    put.add_argument("--dst-gap", choices=[p.value for p in DstGap], default="auto")
-    put.add_argument("--dst-overlap", choices=[p.value for p in DstOverlap], default="auto")
-    put.add_argument(
-        "--overlap",
-        choices=[p.value for p in OverlapPolicy],
-        default=None,
-        help="what a fire due while the previous run is still going does (default: the task "
-        "type's overlap policy, else allow)",
-    )
-    add_database_argument(put)
-    put.set_defaults(handler=run_put)
-    listing = actions.add_parser("list", help="list schedules")
-    listing.add_argument("--tenant", metavar="ID")
-    listing.add_argument("--limit", type=int, default=100)
-    listing.add_argument("--json", action="store_true")
-    add_database_argument(listing)
+    for name in ("add", "put"):
+        _add_add(actions, name)
+    _add_update(actions)
+    listing = actions.add_parser("list", help="list schedules, by id")
+    listing.add_argument("--tenant", metavar="ID", help="only this tenant's")
+    listing.add_argument("--task-type", metavar="NAME", help="only this task type's")
+    state = listing.add_mutually_exclusive_group()
+    state.add_argument("--enabled", dest="enabled", action="store_const", const=True)
+    state.add_argument("--paused", dest="enabled", action="store_const", const=False)
+    add_paging(listing, "schedules")
+    add_client_arguments(listing)
     listing.set_defaults(handler=run_list)
-    delete = actions.add_parser("delete", help="delete a schedule (its pending runs are skipped)")
+    show = actions.add_parser("show", help="show one schedule")
+    show.add_argument("schedule_id", metavar="ID")
+    add_client_arguments(show)
+    show.set_defaults(handler=run_show)
+    delete = actions.add_parser("delete", help="delete a schedule (its queued runs are skipped)")
     delete.add_argument("schedule_id", metavar="ID")
-    add_database_argument(delete)
+    _add_if_version(delete)
+    add_client_arguments(delete)
     delete.set_defaults(handler=run_delete)
+    schedule_actions.add_actions(actions)
 
-    executions = commands.add_parser(
-        "executions", help="list recent executions (planned in the last --minutes), oldest first"
+
+def _add_add(actions: Any, name: str) -> None:
+    alias = name == "put"
+    parser = actions.add_parser(
+        name,
+        help="create or replace a schedule (same as add with an id)"
+        if alias
+        else "create a schedule, or create or replace one with an id",
+        description="Without ID: create a schedule under a new id. With ID: create it, or "
+        "replace it whole (options left out take their defaults).",
     )
-    executions.add_argument("--minutes", type=float, default=60.0, help="how far back [60]")
-    executions.add_argument("--schedule", metavar="ID")
-    executions.add_argument("--tenant", metavar="ID")
-    executions.add_argument("--status", choices=[s.value for s in ExecutionStatus])
-    executions.add_argument("--limit", type=int, default=50)
-    executions.add_argument("--json", action="store_true")
-    add_database_argument(executions)
-    executions.set_defaults(handler=run_executions)
+    parser.add_argument(
+        "schedule_id",
+        metavar="ID",
+        nargs=None if alias else "?",
+        help="schedule id" + ("" if alias else " (default: a new one, sch_<16 hex digits>)"),
+    )
+    parser.add_argument("--cron", required=True, metavar="EXPR", help="cron expression")
+    parser.add_argument("--task-type", required=True, metavar="NAME")
+    parser.add_argument(
+        "--tenant", metavar="ID", help="tenant (default: the token's, else 'default')"
+    )
+    _add_settings(parser, overlap_choices=[p.value for p in OverlapPolicy])
+    parser.add_argument("--paused", action="store_true", help="store it paused")
+    _add_if_version(parser)
+    add_client_arguments(parser)
+    parser.set_defaults(handler=run_add)
 
 
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return 2
+def _add_update(actions: Any) -> None:
+    parser = actions.add_parser(
+        "update",
+        help="change some fields of a schedule",
+        description="Change the fields given; the others keep their values.",
+    )
+    parser.add_argument("schedule_id", metavar="ID")
+    parser.add_argument("--cron", metavar="EXPR", help="cron expression")
+    parser.add_argument("--task-type", metavar="NAME")
+    _add_settings(
+        parser,
+        overlap_choices=[*(p.value for p in OverlapPolicy), OVERLAP_INHERIT],
+        defaults=False,
+    )
+    state = parser.add_mutually_exclusive_group()
+    state.add_argument("--paused", dest="enabled", action="store_const", const=False)
+    state.add_argument("--enabled", dest="enabled", action="store_const", const=True)
+    _add_if_version(parser)
+    add_client_arguments(parser)
+    parser.set_defaults(handler=run_update)
 
 
-def run_put(args: argparse.Namespace) -> int:
-    validate_identifier(args.schedule_id, kind="schedule id")
-    validate_identifier(args.tenant, kind="tenant id")
-    try:
-        payload = json.loads(args.payload)
-    except json.JSONDecodeError as exc:
-        raise InvalidField(f"--payload is not JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise InvalidField("--payload must be a JSON object")
-    check_payload_size(payload)
-    gap, overlap = DstGap(args.dst_gap), DstOverlap(args.dst_overlap)
-    timetable = Timetable.compile(
-        args.cron, args.tz, dst_gap=gap, dst_overlap=overlap, schedule_id=args.schedule_id
+def _add_settings(
+    parser: argparse.ArgumentParser, *, overlap_choices: list[str], defaults: bool = True
+) -> None:
+    def shown(default: str) -> str:
+        return f" [{default}]" if defaults else ""
+
+    parser.add_argument("--tz", metavar="ZONE", help="IANA time zone" + shown("UTC"))
+    parser.add_argument("--payload", type=json_object, metavar="JSON", help="a JSON object")
+    parser.add_argument(
+        "--catch-up",
+        choices=[p.value for p in CatchUpPolicy],
+        help="what runs of the fires missed while no node could plan" + shown("latest"),
+    )
+    parser.add_argument(
+        "--catch-up-window",
+        type=float,
+        metavar="S",
+        help="missed fires older than this many seconds are not caught up" + shown("3600"),
+    )
+    parser.add_argument(
+        "--dst-gap",
+        choices=[p.value for p in DstGap],
+        help="a wall time that does not exist" + shown("auto"),
+    )
+    parser.add_argument(
+        "--dst-overlap",
+        choices=[p.value for p in DstOverlap],
+        help="a wall time that happens twice" + shown("auto"),
+    )
+    parser.add_argument(
+        "--overlap",
+        choices=overlap_choices,
+        help="what a fire due while the previous run still goes does (default: the task "
+        "type's policy, else allow)",
     )
 
-    async def put(ledger: Ledger) -> tuple[str, Schedule]:
-        now = await ledger.database_now()
-        schedule = Schedule(
-            schedule_id=args.schedule_id,
-            tenant_id=args.tenant,
-            cron_expr=args.cron,
-            timezone=args.tz,
-            task_type=args.task_type,
-            payload=payload,
-            enabled=not args.paused,
-            next_run_at=timetable.next_fire(now).planned_at,
-            catch_up=CatchUpPolicy(args.catch_up),
-            dst_gap=gap,
-            dst_overlap=overlap,
-            overlap=None if args.overlap is None else OverlapPolicy(args.overlap),
-        )
-        try:
-            current = await ledger.schedules_get(args.schedule_id)
-        except NotFound:
-            return "created", (await ledger.schedules_create(SchedulesCreate([schedule])))[0]
-        updated = await ledger.schedules_update(SchedulesUpdate(schedule, current.version))
-        return "replaced", updated
 
-    verb, stored = run_with_ledger(args, put)
-    when = format_utc(stored.next_run_at) if stored.next_run_at else "never (paused)"
-    print(f"{verb} schedule {stored.schedule_id!r} (version {stored.version}); next fire {when}")
+def _add_if_version(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--if-version",
+        type=version,
+        metavar="N",
+        help="refuse if the schedule is no longer at version N (If-Match)",
+    )
+
+
+def _fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The API fields the flags set (those left out are not sent)."""
+    body: dict[str, Any] = {}
+    for flag, field in _FIELDS:
+        value = getattr(args, flag)
+        if value is not None:
+            body[field] = None if value == OVERLAP_INHERIT and flag == "overlap" else value
+    return body
+
+
+# --- handlers --------------------------------------------------------------------------------
+
+
+def run_add(args: argparse.Namespace) -> int:
+    body = _fields(args)
+    if args.tenant is not None:
+        body["tenant_id"] = args.tenant
+    if args.paused:
+        body["enabled"] = False
+    if args.schedule_id is None and args.if_version is not None:
+        raise InvalidField("--if-version needs the schedule's ID")
+    with open_client(args) as api:
+        if args.schedule_id is None:
+            answer = api.call("POST", "/v1/schedules", body=body)
+        else:
+            path = f"/v1/schedules/{segment(args.schedule_id)}"
+            answer = api.call("PUT", path, body=body, if_match=args.if_version)
+    verb = "created" if answer.status == 201 else "replaced"
+    emit(args, answer, lambda schedule: print(summary(verb, schedule)))
+    return 0
+
+
+def run_update(args: argparse.Namespace) -> int:
+    body = _fields(args)
+    if args.enabled is not None:
+        body["enabled"] = args.enabled
+    if not body:
+        raise InvalidField("nothing to change: give at least one of the schedule's options")
+    with open_client(args) as api:
+        path = f"/v1/schedules/{segment(args.schedule_id)}"
+        answer = api.call("PATCH", path, body=body, if_match=args.if_version)
+    emit(args, answer, lambda schedule: print(summary("updated", schedule)))
     return 0
 
 
 def run_list(args: argparse.Namespace) -> int:
-    if not 1 <= args.limit <= PAGE_SIZE_MAX:
-        raise InvalidField(f"--limit must be between 1 and {PAGE_SIZE_MAX}")
-    page = run_with_ledger(
-        args,
-        lambda ledger: ledger.schedules_list(
-            SchedulesList(tenant_id=args.tenant, limit=args.limit)
-        ),
-    )
-    if args.json:
-        print(msgspec.json.encode(page.items).decode())
-        return 0
-    for s in page.items:
-        state = "enabled" if s.enabled else "paused"
-        when = format_utc(s.next_run_at) if s.next_run_at else "-"
-        print(f"{s.schedule_id}  {s.cron_expr!r} {s.timezone}  {s.task_type}  {state}  next {when}")
+    query = {
+        "tenant_id": args.tenant,
+        "task_type": args.task_type,
+        "enabled": args.enabled,
+        "limit": args.limit,
+        "cursor": args.cursor,
+    }
+    with open_client(args) as api:
+        answer = api.call("GET", "/v1/schedules", query=query)
+    emit(args, answer, _print_list)
+    next_page_note(answer.json(), "schedules")
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    with open_client(args) as api:
+        answer = api.call("GET", f"/v1/schedules/{segment(args.schedule_id)}")
+    emit(args, answer, print_fields)
     return 0
 
 
 def run_delete(args: argparse.Namespace) -> int:
-    run_with_ledger(args, lambda ledger: ledger.schedules_delete(SchedulesDelete(args.schedule_id)))
-    print(f"deleted schedule {args.schedule_id!r}; its pending executions were skipped")
+    with open_client(args) as api:
+        path = f"/v1/schedules/{segment(args.schedule_id)}"
+        api.call("DELETE", path, if_match=args.if_version)
+    if args.output == "table":  # the API answers 204 without a body: json prints nothing
+        print(f"deleted schedule {args.schedule_id!r}; its queued executions were skipped")
     return 0
 
 
-def run_executions(args: argparse.Namespace) -> int:
-    if not 1 <= args.limit <= PAGE_SIZE_MAX:
-        raise InvalidField(f"--limit must be between 1 and {PAGE_SIZE_MAX}")
-    status = None if args.status is None else ExecutionStatus(args.status)
+# --- output ----------------------------------------------------------------------------------
 
-    async def query(ledger: Ledger) -> Page[Execution]:
-        since = await ledger.database_now() - timedelta(minutes=args.minutes)
-        return await ledger.executions_query(
-            ExecutionsQuery(
-                schedule_id=args.schedule,
-                tenant_id=args.tenant,
-                status=status,
-                planned_from=since,
-                limit=args.limit,
+
+def summary(verb: str, schedule: dict[str, Any]) -> str:
+    """``created schedule 'x' (version 1); next fire 2026-...Z``."""
+    if not schedule.get("enabled", True):
+        when = "none while paused"
+    else:
+        when = schedule.get("next_run_at") or "not planned yet"
+    return (
+        f"{verb} schedule {schedule['schedule_id']!r} (version {schedule['version']}); "
+        f"next fire {when}"
+    )
+
+
+def _print_list(page: dict[str, Any]) -> None:
+    schedules = page["items"]
+    if not schedules:
+        print("no schedules match")
+        return
+    print_table(
+        ("SCHEDULE_ID", "TENANT", "CRON", "TZ", "TASK_TYPE", "STATE", "NEXT_RUN", "VER"),
+        [
+            (
+                s["schedule_id"],
+                s["tenant_id"],
+                cell(s["cron_expr"]),
+                s["timezone"],
+                s["task_type"],
+                "enabled" if s["enabled"] else "paused",
+                cell(s.get("next_run_at")) if s["enabled"] else NONE,
+                str(s["version"]),
             )
-        )
-
-    page = run_with_ledger(args, query)
-    if args.json:
-        print(msgspec.json.encode(page.items).decode())
-        return 0
-    for e in page.items:
-        started = format_utc(e.started_at) if e.started_at else "-"
-        error = f"  {e.error_code}" if e.error_code else ""
-        print(f"{e.execution_id}  {e.status}  attempt {e.attempt}  started {started}{error}")
-    if not page.items:
-        print("no executions match", file=sys.stderr)
-    return 0
+            for s in schedules
+        ],
+    )

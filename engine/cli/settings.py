@@ -74,6 +74,18 @@ _HELP: Final = {
         "earlier than the lookahead"
     ),
     "burst_lookahead_extra_s_max": "the most a burst's lead may exceed the lookahead",
+    "slo_target_s": (
+        "start SLO: a first attempt started within this many seconds of its planned instant "
+        "is on time, up to 86400"
+    ),
+    "http": "HOST:PORT the HTTP API listens on (port 0: any free port); empty for no API",
+    "metrics_protected": "true to require an admin token on GET /metrics",
+    "api_token_rate_per_s": "API requests per second of one token, past its burst (then 429)",
+    "api_token_burst": "API requests one token may make at once above its rate",
+    "metrics_tenant_labels": (
+        "true to label the start metrics by tenant (the first 100 tenants; the rest as "
+        "'other'); off by default to bound the series count"
+    ),
 }
 
 Kind = Literal["number", "integer", "text", "choice", "boolean"]

@@ -1,41 +1,37 @@
-"""``carillon task-type``: define, list, show and delete task types.
+"""``carillon task-type``: define, list, show and delete task types (through the API).
 
 A task type says what running a schedule's executions means -- a webhook, a Python function,
 a command, or nothing -- and within which limits (timeout, concurrency caps, retries,
-overlap). Schedules may only name task types that exist, so create them first.
+overlap). Schedules may only name task types that exist, so create them first. Task types
+are admin-only in the API: these commands need an admin token.
 
 ``set`` is declarative: its command line is the task type's whole definition, and options
 it leaves out take their defaults (running the same ``set`` twice changes nothing but the
-version). Handler settings are checked by building the handler once
-(:func:`validate_task_type_settings`) before anything is stored. Secrets are never printed:
-``secret`` and sensitive-looking header or environment values show as ``***``.
+version). Handler settings are checked here by building the handler once
+(:func:`validate_task_type_settings`) before anything is sent. In ``set``, ``--url`` is the
+webhook's URL; the API's address is ``--api-url`` (or ``$CARILLON_URL``).
 
-The database is chosen as for ``carillon migrate`` (``--database-url``, else
-``$CARILLON_DATABASE_URL``, else the local server, else embedded PostgreSQL); the helpers
-:func:`add_database_argument` and :func:`run_with_ledger` serve every command that talks to
-the ledger. Bad input ends with exit code 2, database trouble with 1 (:mod:`engine.cli`).
+Secrets are never printed: ``secret`` and sensitive-looking header or environment values
+show as ``***`` -- in ``--output json`` too, which is otherwise the API's JSON as received.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-from collections.abc import Awaitable, Callable
-from contextlib import ExitStack
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
-import msgspec
-import trio
-
-from engine.core.instants import format_utc
+from engine.cli.client import (
+    Answer,
+    add_client_arguments,
+    add_output_argument,
+    open_client,
+    segment,
+)
+from engine.cli.flags import usage
+from engine.cli.output import NONE, cell, print_table
 from engine.errors import InvalidField
-from engine.ledger.base import Ledger, TaskTypesPut
-from engine.ledger.database import resolve_database, validate_database_url
-from engine.ledger.postgres import open_postgres_ledger
 from engine.model import HandlerKind, OverlapPolicy, TaskType
-
-T = TypeVar("T")
 
 REDACTED: Final = "***"
 _SENSITIVE_WORDS: Final = ("secret", "password", "token", "auth", "key", "cookie", "signature")
@@ -58,35 +54,13 @@ _LIMITS: Final = {
     "backoff_base": "backoff_base_s",
     "backoff_max": "backoff_max_s",
 }
-"""``set`` options -> TaskType fields; an option left out leaves the field's default."""
+"""``set`` options -> API fields; an option left out leaves the field's default."""
+_JSON_IS: Final = "the API's JSON, secrets redacted"
 _DEFAULT: Final = TaskType(name="default", kind=HandlerKind.NOOP)
-
-
-# --- shared by the commands that talk to the ledger ----------------------------------------
-
-
-def add_database_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--database-url",
-        metavar="URL",
-        help="postgresql://user:password@host:5432/dbname (default: $CARILLON_DATABASE_URL, "
-        "else the local server, else embedded PostgreSQL)",
-    )
-
-
-def run_with_ledger(args: argparse.Namespace, operation: Callable[[Ledger], Awaitable[T]]) -> T:
-    """Open the ledger on the chosen database, run ``operation`` on it, close it."""
-    with ExitStack() as stack:
-        if args.database_url is not None:
-            url = validate_database_url(args.database_url)
-        else:
-            url = stack.enter_context(resolve_database()).app_url
-
-        async def main() -> T:
-            async with open_postgres_ledger(url, pool_max=1) as ledger:
-                return await operation(ledger)
-
-        return trio.run(main)
+_DEFAULT_TIMEOUT_S: Final = _DEFAULT.timeout_s
+_DEFAULT_ATTEMPTS: Final = _DEFAULT.max_attempts
+_DEFAULT_BACKOFF_BASE_S: Final = _DEFAULT.backoff_base_s
+_DEFAULT_BACKOFF_MAX_S: Final = _DEFAULT.backoff_max_s
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -102,24 +76,24 @@ def _key_value(text: str) -> tuple[str, str]:
 def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "task-type",
-        help="define, list, show and delete task types",
+        help="define, list, show and delete task types (through the API; admin)",
         description="Task types: what running a schedule's executions means, and its limits.",
     )
-    parser.set_defaults(handler=lambda _: _usage(parser))
+    parser.set_defaults(handler=lambda _: usage(parser))
     actions = parser.add_subparsers(metavar="ACTION", parser_class=type(parser))
     _add_set(actions)
-    listing = actions.add_parser("list", help="list the task types")
-    listing.add_argument("--json", action="store_true", help="print JSON (secrets redacted)")
-    add_database_argument(listing)
+    listing = actions.add_parser("list", help="list the task types (secrets redacted)")
+    add_client_arguments(listing, output=False)
+    add_output_argument(listing, _JSON_IS)
     listing.set_defaults(handler=run_list)
     show = actions.add_parser("show", help="show one task type (secrets redacted)")
     show.add_argument("name", metavar="NAME")
-    show.add_argument("--json", action="store_true", help="print JSON (secrets redacted)")
-    add_database_argument(show)
+    add_client_arguments(show, output=False)
+    add_output_argument(show, _JSON_IS)
     show.set_defaults(handler=run_show)
     delete = actions.add_parser("delete", help="delete a task type that no schedule uses any more")
     delete.add_argument("name", metavar="NAME")
-    add_database_argument(delete)
+    add_client_arguments(delete)
     delete.set_defaults(handler=run_delete)
 
 
@@ -156,7 +130,7 @@ def _add_set(actions: Any) -> None:
     kinds.add_argument("--delay", type=float, metavar="S", help="noop: seconds to wait")
     limits = parser.add_argument_group("limits (defaults in brackets)")
     limits.add_argument(
-        "--timeout", type=float, metavar="S", help=f"seconds per attempt [{_DEFAULT.timeout_s:g}]"
+        "--timeout", type=float, metavar="S", help=f"seconds per attempt [{_DEFAULT_TIMEOUT_S:g}]"
     )
     limits.add_argument(
         "--max-concurrency", type=int, metavar="N", help="running at once per node [no cap]"
@@ -168,19 +142,19 @@ def _add_set(actions: Any) -> None:
         "--max-attempts",
         type=int,
         metavar="N",
-        help=f"attempts before dead-lettering [{_DEFAULT.max_attempts}]",
+        help=f"attempts before dead-lettering [{_DEFAULT_ATTEMPTS}]",
     )
     limits.add_argument(
         "--backoff-base",
         type=float,
         metavar="S",
-        help=f"first retry delay [{_DEFAULT.backoff_base_s:g}]",
+        help=f"first retry delay [{_DEFAULT_BACKOFF_BASE_S:g}]",
     )
     limits.add_argument(
         "--backoff-max",
         type=float,
         metavar="S",
-        help=f"longest retry delay [{_DEFAULT.backoff_max_s:g}]",
+        help=f"longest retry delay [{_DEFAULT_BACKOFF_MAX_S:g}]",
     )
     limits.add_argument(
         "--overlap",
@@ -193,30 +167,33 @@ def _add_set(actions: Any) -> None:
         help="store the settings without building the handler here (e.g. a Python callable "
         "installed only on the nodes)",
     )
-    add_database_argument(parser)
+    add_client_arguments(parser, output=False, url_flag=False)
+    add_output_argument(parser, _JSON_IS)
     parser.set_defaults(handler=run_set)
 
 
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return 2
-
-
 def run_set(args: argparse.Namespace) -> int:
-    task_type = task_type_from_args(args)
+    body = task_type_body(args)
     if not args.skip_handler_check:
-        validate_task_type_settings(task_type.kind, task_type.settings)
-    stored = run_with_ledger(args, lambda ledger: ledger.task_types_put(TaskTypesPut(task_type)))
-    verb = "created" if stored.version == 1 else "updated"
-    print(f"{verb} task type {stored.name!r} (version {stored.version})")
+        validate_task_type_settings(HandlerKind(args.kind), body["settings"])
+    with open_client(args) as api:
+        answer = api.call("PUT", f"/v1/task-types/{segment(args.name)}", body=body)
+    stored = redacted(answer.json())
+    if args.output == "json":
+        _print_json(answer, stored)
+        return 0
+    verb = "created" if stored["version"] == 1 else "updated"
+    print(f"{verb} task type {stored['name']!r} (version {stored['version']})")
     _print_task_type(stored)
     return 0
 
 
 def run_list(args: argparse.Namespace) -> int:
-    task_types = run_with_ledger(args, lambda ledger: ledger.task_types_list())
-    if args.json:
-        print(json.dumps([redacted(t) for t in task_types], indent=2))
+    with open_client(args) as api:
+        answer = api.call("GET", "/v1/task-types")
+    task_types = [redacted(t) for t in answer.json()]
+    if args.output == "json":
+        _print_json(answer, task_types)
     elif not task_types:
         print("no task types; create one with `carillon task-type set NAME --kind ...`")
     else:
@@ -225,26 +202,30 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    task_type = run_with_ledger(args, lambda ledger: ledger.task_types_get(args.name))
-    if args.json:
-        print(json.dumps(redacted(task_type), indent=2))
+    with open_client(args) as api:
+        answer = api.call("GET", f"/v1/task-types/{segment(args.name)}")
+    task_type = redacted(answer.json())
+    if args.output == "json":
+        _print_json(answer, task_type)
     else:
         _print_task_type(task_type)
     return 0
 
 
 def run_delete(args: argparse.Namespace) -> int:
-    deleted = run_with_ledger(args, lambda ledger: ledger.task_types_delete(args.name))
-    print(f"deleted task type {deleted.name!r} (it was at version {deleted.version})")
+    with open_client(args) as api:
+        api.call("DELETE", f"/v1/task-types/{segment(args.name)}")
+    if args.output == "table":  # the API answers 204 without a body: json prints nothing
+        print(f"deleted task type {args.name!r}")
     return 0
 
 
 # --- from flags to a task type -------------------------------------------------------------
 
 
-def task_type_from_args(args: argparse.Namespace) -> TaskType:
-    """The task type ``set`` describes; ``InvalidField`` for options of another kind or a
-    missing required one."""
+def task_type_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The task type ``set`` describes, as the API's JSON; ``InvalidField`` for options of
+    another kind or a missing required one."""
     kind = HandlerKind(args.kind)
     given = [
         option
@@ -259,18 +240,13 @@ def task_type_from_args(args: argparse.Namespace) -> TaskType:
     required = _REQUIRED.get(kind)
     if required is not None and getattr(args, required) is None:
         raise InvalidField(f"--kind {kind} needs --{required}")
-    limits = {
-        field: getattr(args, option)
-        for option, field in _LIMITS.items()
-        if getattr(args, option) is not None
-    }
-    return TaskType(
-        name=args.name,
-        kind=kind,
-        settings=_settings(kind, args),
-        overlap=None if args.overlap is None else OverlapPolicy(args.overlap),
-        **limits,
-    )
+    body: dict[str, Any] = {"kind": kind.value, "settings": _settings(kind, args)}
+    for option, field in _LIMITS.items():
+        if getattr(args, option) is not None:
+            body[field] = getattr(args, option)
+    if args.overlap is not None:
+        body["overlap"] = args.overlap
+    return body
 
 
 def _settings(kind: HandlerKind, args: argparse.Namespace) -> dict[str, Any]:
@@ -342,55 +318,57 @@ def redact_settings(settings: dict[str, Any]) -> dict[str, Any]:
     return shown
 
 
-def redacted(task_type: TaskType) -> dict[str, Any]:
-    """``task_type`` as JSON-ready builtins, its settings redacted."""
-    fields: dict[str, Any] = msgspec.to_builtins(task_type)
-    fields["settings"] = redact_settings(task_type.settings)
-    return fields
+def redacted(task_type: dict[str, Any]) -> dict[str, Any]:
+    """A task type as the API returns it, its settings redacted (other fields in order)."""
+    return {**task_type, "settings": redact_settings(task_type.get("settings") or {})}
 
 
-def _print_task_type(task_type: TaskType) -> None:
-    def number(value: float | int | None) -> str:
+def _print_json(answer: Answer, shown: Any) -> None:
+    """The API's answer, its secrets redacted: unchanged when it held none."""
+    if shown == answer.json():
+        print(answer.text)
+    else:
+        print(json.dumps(shown, separators=(",", ":")))
+
+
+def _print_task_type(task_type: dict[str, Any]) -> None:
+    def number(name: str) -> str:
+        value = task_type.get(name)
         return "none" if value is None else f"{value:g}"
 
-    print(f"name: {task_type.name}")
-    print(f"kind: {task_type.kind}")
-    settings = redact_settings(task_type.settings)
+    print(f"name: {task_type['name']}")
+    print(f"kind: {task_type['kind']}")
+    settings = task_type["settings"]
     print("settings:" if settings else "settings: none")
     for name, value in settings.items():
         text = value if isinstance(value, str) else json.dumps(value)
         print(f"  {name}: {text}")
-    print(f"timeout_s: {number(task_type.timeout_s)}")
-    print(f"max_concurrency: {number(task_type.max_concurrency)} (per node)")
-    print(f"max_concurrency_cluster: {number(task_type.max_concurrency_cluster)}")
-    print(f"max_attempts: {task_type.max_attempts}")
-    print(f"backoff_base_s: {number(task_type.backoff_base_s)}")
-    print(f"backoff_max_s: {number(task_type.backoff_max_s)}")
-    overlap = task_type.overlap or "none (each schedule's own)"
+    print(f"timeout_s: {number('timeout_s')}")
+    print(f"max_concurrency: {number('max_concurrency')} (per node)")
+    print(f"max_concurrency_cluster: {number('max_concurrency_cluster')}")
+    print(f"max_attempts: {task_type['max_attempts']}")
+    print(f"backoff_base_s: {number('backoff_base_s')}")
+    print(f"backoff_max_s: {number('backoff_max_s')}")
+    overlap = task_type.get("overlap") or "none (each schedule's own)"
     print(f"overlap: {overlap}")
-    updated = (
-        "" if task_type.updated_at is None else f" (updated {format_utc(task_type.updated_at)})"
+    updated = task_type.get("updated_at")
+    print(f"version: {task_type['version']}" + ("" if updated is None else f" (updated {updated})"))
+
+
+def _print_table(task_types: list[dict[str, Any]]) -> None:
+    print_table(
+        ("NAME", "KIND", "TIMEOUT_S", "MAX_CONC", "CLUSTER_CONC", "ATTEMPTS", "OVERLAP", "VER"),
+        [
+            (
+                t["name"],
+                t["kind"],
+                cell(float(t["timeout_s"])),
+                cell(t.get("max_concurrency")),
+                cell(t.get("max_concurrency_cluster")),
+                str(t["max_attempts"]),
+                t.get("overlap") or NONE,
+                str(t["version"]),
+            )
+            for t in task_types
+        ],
     )
-    print(f"version: {task_type.version}{updated}")
-
-
-def _print_table(task_types: list[TaskType]) -> None:
-    header = ("NAME", "KIND", "TIMEOUT_S", "MAX_CONC", "CLUSTER_CONC", "ATTEMPTS", "OVERLAP", "VER")
-    rows = [header] + [
-        (
-            t.name,
-            str(t.kind),
-            f"{t.timeout_s:g}",
-            "-" if t.max_concurrency is None else str(t.max_concurrency),
-            "-" if t.max_concurrency_cluster is None else str(t.max_concurrency_cluster),
-            str(t.max_attempts),
-            "-" if t.overlap is None else str(t.overlap),
-            str(t.version),
-        )
-        for t in task_types
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    for row in rows:
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        )

@@ -23,6 +23,9 @@ from engine.ledger.base import (
     NodeInfo,
     NodesHeartbeat,
 )
+from engine.ledger.common import (
+    check_clock_offset,
+)
 from engine.model import Lease
 
 
@@ -75,6 +78,7 @@ class ClusterMethods:
         if not params.node_id:
             raise InvalidField("node_id must not be empty")
         ttl = seconds(params.ttl_s, field="ttl_s")
+        offset = check_clock_offset(params.clock_offset_s)
         now = self._now()
         previous = self._nodes.get(params.node_id)
         # A node that lets its row expire has been judged dead; its next heartbeat is a rejoin.
@@ -85,6 +89,7 @@ class ClusterMethods:
             started_at=previous.started_at if alive and previous is not None else now,
             last_seen_at=now,
             expires_at=now + ttl,
+            clock_offset_s=offset,
         )
         self._nodes[params.node_id] = node
         return node

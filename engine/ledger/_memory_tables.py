@@ -96,29 +96,28 @@ def partition_of_row(execution: Execution) -> int:
 def decode_planned_cursor(cursor: str) -> tuple[datetime, str]:
     """The ``(planned_at, execution_id)`` a query cursor resumes after."""
     parts = decode_cursor(cursor)
-    if len(parts) != 2 or not all(isinstance(part, str) for part in parts):
+    if len(parts) != 2 or not all(isinstance(part, str) and "\x00" not in part for part in parts):
         raise InvalidField("the pagination cursor is malformed")
     try:
         planned_at = datetime.fromisoformat(parts[0])
-    except ValueError:
-        raise InvalidField("the pagination cursor is malformed") from None
-    if planned_at.tzinfo is None:
+        utc = None if planned_at.tzinfo is None else planned_at.astimezone(UTC)
+    except (ValueError, OverflowError):  # not a timestamp, or out of range once in UTC
+        utc = None
+    if utc is None:
         raise InvalidField("the pagination cursor is malformed")
-    return planned_at, parts[1]
+    return utc, parts[1]
 
 
 def decode_id_cursor(cursor: str) -> str:
     """The id a listing cursor resumes after."""
     parts = decode_cursor(cursor)
-    if len(parts) != 1 or not isinstance(parts[0], str):
+    if len(parts) != 1 or not isinstance(parts[0], str) or "\x00" in parts[0]:
         raise InvalidField("the pagination cursor is malformed")
     return parts[0]
 
 
 # --- execution transitions ------------------------------------------------------------------
 
-SCHEDULE_DELETED = "schedule_deleted"
-"""``error_code`` of executions skipped because their schedule was deleted."""
 OUTCOME_EXPIRED = "expired"
 """Attempt outcome recorded when an attempt lease runs out."""
 
@@ -236,13 +235,16 @@ def replayed(execution: Execution, now: datetime) -> Execution:
     )
 
 
-def skipped_by_delete(execution: Execution, now: datetime) -> Execution:
-    """Not yet started (``queued``/``failed``) -> ``skipped`` because the schedule went."""
+def skipped_by_schedule(
+    execution: Execution, now: datetime, error_code: str, error_message: str
+) -> Execution:
+    """Not yet started (``queued``/``failed``) -> ``skipped`` because its schedule was
+    deleted or paused (``error_code`` says which)."""
     return msgspec.structs.replace(
         execution,
         status=ExecutionStatus.SKIPPED,
-        error_code=SCHEDULE_DELETED,
-        error_message="its schedule was deleted before it started",
+        error_code=error_code,
+        error_message=error_message,
         not_before=None,
         finished_at=now,
     )

@@ -19,9 +19,9 @@ Design
 * **Atomicity.** Each method is one transaction: all of its rows change, or none do.
 * **Availability.** An unreachable, restarting or timed-out database raises
   :class:`~engine.errors.LedgerUnavailable`; callers retry with bounded backoff.
-* **Audit.** Operator actions that change executions (dead-letter replay) name their actor
-  and append to an append-only audit trail in the same transaction (:meth:`Ledger.
-  audit_list`).
+* **Audit.** Operator actions (dead-letter replay, trigger, backfill, API tokens) name their
+  actor and append to an append-only audit trail in the same transaction (:meth:`Ledger.
+  audit_list`). They are not fenced: any node may serve them.
 * **Bounds.** Every batch has a limit (:data:`BATCH_ROWS_MAX`, page sizes); asking for more
   raises :class:`~engine.errors.InvalidField`.
 """
@@ -29,14 +29,26 @@ Design
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Final, Protocol
+from typing import Protocol
 
-import msgspec
-
-from engine.errors import InvalidField
+from engine.ledger.common import (
+    IN_USE_SHOWN_MAX,
+    TRIGGER_ID_TRIES_MAX,
+    decode_cursor,
+    encode_cursor,
+    replay_audit_details,
+    task_type_in_use,
+    unknown_task_types,
+)
 from engine.ledger.params import (
     BATCH_ROWS_MAX,
+    CENSUS_GROUPS_MAX,
     PAGE_SIZE_MAX,
+    SCHEDULE_DELETED,
+    SCHEDULE_DELETED_MESSAGE,
+    SCHEDULE_PAUSED,
+    SCHEDULE_PAUSED_MESSAGE,
+    TOKEN_HASH_BYTES,
     Attempt,
     AttemptRef,
     AuditQuery,
@@ -47,6 +59,7 @@ from engine.ledger.params import (
     DeadLettersReplay,
     DueCursor,
     ExecutionDetail,
+    ExecutionsBackfill,
     ExecutionsClaim,
     ExecutionsComplete,
     ExecutionsDue,
@@ -56,6 +69,7 @@ from engine.ledger.params import (
     ExecutionsQuery,
     ExecutionsRequeueExpired,
     ExecutionsSkip,
+    ExecutionsTrigger,
     Fence,
     LeasesAcquire,
     LeasesRelease,
@@ -69,15 +83,20 @@ from engine.ledger.params import (
     ScheduleAdvance,
     ScheduleChange,
     ScheduleChangesSince,
+    ScheduleGroup,
+    SchedulesCensus,
     SchedulesCreate,
     SchedulesDelete,
     SchedulesList,
     SchedulesUpdate,
     TaskTypesPut,
     TenantsPut,
+    TokensCreate,
+    TokensRevoke,
     due_cursor,
 )
 from engine.model import (
+    ApiToken,
     AuditEvent,
     Execution,
     Lease,
@@ -89,8 +108,15 @@ from engine.model import (
 
 __all__ = [
     "BATCH_ROWS_MAX",
+    "CENSUS_GROUPS_MAX",
     "IN_USE_SHOWN_MAX",
     "PAGE_SIZE_MAX",
+    "SCHEDULE_DELETED",
+    "SCHEDULE_DELETED_MESSAGE",
+    "SCHEDULE_PAUSED",
+    "SCHEDULE_PAUSED_MESSAGE",
+    "TOKEN_HASH_BYTES",
+    "TRIGGER_ID_TRIES_MAX",
     "Attempt",
     "AttemptRef",
     "AuditQuery",
@@ -101,6 +127,7 @@ __all__ = [
     "DeadLettersReplay",
     "DueCursor",
     "ExecutionDetail",
+    "ExecutionsBackfill",
     "ExecutionsClaim",
     "ExecutionsComplete",
     "ExecutionsDue",
@@ -110,6 +137,7 @@ __all__ = [
     "ExecutionsQuery",
     "ExecutionsRequeueExpired",
     "ExecutionsSkip",
+    "ExecutionsTrigger",
     "Fence",
     "LeasesAcquire",
     "LeasesRelease",
@@ -124,12 +152,16 @@ __all__ = [
     "ScheduleAdvance",
     "ScheduleChange",
     "ScheduleChangesSince",
+    "ScheduleGroup",
+    "SchedulesCensus",
     "SchedulesCreate",
     "SchedulesDelete",
     "SchedulesList",
     "SchedulesUpdate",
     "TaskTypesPut",
     "TenantsPut",
+    "TokensCreate",
+    "TokensRevoke",
     "decode_cursor",
     "due_cursor",
     "encode_cursor",
@@ -169,6 +201,16 @@ class Ledger(Protocol):
         ``PAYLOAD_BYTES_MAX`` or for more than :data:`BATCH_ROWS_MAX` schedules;
         ``AlreadyExists`` naming the ids that exist (not deleted). A deleted schedule's id
         may be created again (its old executions keep their ids).
+
+        **Quota.** ``QuotaExceeded`` -- and nothing is created -- if for some tenant its live
+        schedules plus the call's schedules of that tenant would exceed its
+        ``schedules_max`` (the first such tenant by id is named, with its quota, its count
+        and how many were asked for). A tenant without a stored row or without a quota is
+        unlimited; a deleted id created again counts like a new one. Checked after
+        ``InvalidField`` and ``AlreadyExists``. Concurrent creates never take a tenant past
+        its quota together; a quota binds the creates that begin after it is stored.
+        :meth:`schedules_update` never counts (moving a schedule to another tenant may leave
+        that tenant above its quota, which then refuses only further creates).
         """
         ...
 
@@ -180,6 +222,13 @@ class Ledger(Protocol):
         if absent or deleted; ``InvalidField`` if its ``task_type`` does not exist (checked
         first). ``next_run_at`` is stored as given (the caller recomputes it when the
         expression changes). Appends an ``updated`` change.
+
+        **Pausing.** An update that turns an enabled schedule into a disabled one also, in
+        the same transaction, makes every execution of it that has not started (``queued``,
+        or ``failed`` awaiting a retry: what :meth:`schedules_delete` skips) ``skipped`` with
+        ``error_code`` = :data:`SCHEDULE_PAUSED`; running attempts finish normally. Enabling
+        it again skips nothing and revives nothing (a paused-over fire stays skipped; an
+        operator may :meth:`executions_backfill` it).
         """
         ...
 
@@ -188,8 +237,8 @@ class Ledger(Protocol):
 
         In the same transaction every execution of it that has not started (``queued``, or
         ``failed`` awaiting a retry) becomes ``skipped`` with ``error_code`` =
-        ``schedule_deleted``; running attempts finish normally; history stays. Planning
-        never inserts executions for a deleted schedule. ``NotFound`` if absent;
+        :data:`SCHEDULE_DELETED`; running attempts finish normally; history stays. Planning
+        never inserts executions for a deleted (or disabled) schedule. ``NotFound`` if absent;
         ``VersionConflict`` if ``expected_version`` is given and differs. Appends a
         ``deleted`` change.
         """
@@ -208,6 +257,22 @@ class Ledger(Protocol):
     async def schedules_list(self, params: SchedulesList) -> Page[Schedule]:
         """Schedules matching every given filter, ordered by id, at most ``limit``
         (<= :data:`PAGE_SIZE_MAX`); deleted ones are never listed."""
+        ...
+
+    async def schedules_count(self, tenant_id: str) -> int:
+        """How many live schedules (enabled or not) ``tenant_id`` owns: what its
+        ``schedules_max`` is compared with. 0 for a tenant that owns none."""
+        ...
+
+    async def schedules_census(self, params: SchedulesCensus) -> list[ScheduleGroup]:
+        """The enabled live schedules (of ``tenant_id`` when given) grouped by
+        ``cron_expr``, ``timezone``, ``dst_gap``, ``dst_overlap``, ``tenant_id`` and
+        ``task_type``, each :class:`ScheduleGroup` with its ``count`` and its smallest
+        schedule id (by code point) as ``sample_schedule_id``; ordered by ``count``
+        descending, then by those six fields (by code point); at most ``limit`` groups
+        (1..:data:`CENSUS_GROUPS_MAX`, else ``InvalidField``). What a load forecast expands:
+        one timetable per group instead of one per schedule (``H`` expressions hash on the
+        id, so their groups are approximated by the sample)."""
         ...
 
     async def schedule_changes(self, params: ScheduleChangesSince) -> list[ScheduleChange]:
@@ -273,9 +338,11 @@ class Ledger(Protocol):
         ...
 
     async def tenants_put(self, params: TenantsPut) -> Tenant:
-        """Create or replace a tenant's dispatch settings, versioned like
-        :meth:`task_types_put`; ``InvalidField`` for malformed ones
-        (:func:`~engine.model.validate_tenant`). Tenants need no row to own schedules."""
+        """Create or replace a tenant's dispatch settings and schedule quota
+        (``schedules_max``), versioned like :meth:`task_types_put`; ``InvalidField`` for
+        malformed ones (:func:`~engine.model.validate_tenant`). Tenants need no row to own
+        schedules. A lower quota than the tenant's count deletes nothing: it refuses
+        further creates."""
         ...
 
     async def tenants_get(self, tenant_id: str) -> Tenant:
@@ -285,6 +352,43 @@ class Ledger(Protocol):
 
     async def tenants_list(self) -> list[Tenant]:
         """Every stored tenant, by id; tenants absent from it have the defaults."""
+        ...
+
+    # API tokens ----------------------------------------------------------------------------
+    #
+    # The HTTP API's bearer tokens. The ledger never sees a secret: the caller stores the
+    # SHA-256 of it (check_token_hash) and looks a presented one up by its hash.
+
+    async def tokens_create(self, params: TokensCreate) -> ApiToken:
+        """Store a token (``created_at`` = ledger now, not revoked); returns it as stored.
+
+        ``InvalidField`` for a malformed token (:func:`~engine.model.validate_api_token`:
+        id, scope ``admin`` or ``tenant:<id>``, description), a hash that is not
+        :data:`TOKEN_HASH_BYTES` bytes, or a malformed ``actor``; ``AlreadyExists`` if the
+        token id, or a token with the same hash, exists (revoked ones too: ids are never
+        reused). Audited: action ``token.create``, target the token id, details ``scope``
+        and ``description``.
+        """
+        ...
+
+    async def tokens_get_by_hash(self, token_hash: bytes) -> ApiToken:
+        """The token whose secret hashes to ``token_hash``; ``NotFound`` if none does,
+        ``InvalidField`` for a hash that is not :data:`TOKEN_HASH_BYTES` bytes. A revoked
+        token *is* returned, with ``revoked_at`` set: the caller refuses it (and can say
+        why). One indexed read: the API calls it for every request it has not cached."""
+        ...
+
+    async def tokens_list(self) -> list[ApiToken]:
+        """Every token, revoked ones included, by token id."""
+        ...
+
+    async def tokens_revoke(self, params: TokensRevoke) -> ApiToken:
+        """Revoke a token: ``revoked_at`` = ledger now; returns it as stored.
+
+        Revoking a revoked token returns it unchanged and appends no second event.
+        ``NotFound`` if absent; ``InvalidField`` for a malformed ``actor``. Audited: action
+        ``token.revoke``, target the token id, details ``scope``.
+        """
         ...
 
     # leases and membership -------------------------------------------------------------------
@@ -313,11 +417,13 @@ class Ledger(Protocol):
         ...
 
     async def nodes_heartbeat(self, params: NodesHeartbeat) -> NodeInfo:
-        """Record that a node is alive until now + ``ttl_s``."""
+        """Record that a node is alive until now + ``ttl_s``, with the clock offset it
+        reports (``None`` replaces an earlier one: not measured this time). ``InvalidField``
+        for an offset that is not a finite number."""
         ...
 
     async def nodes_live(self) -> list[NodeInfo]:
-        """Nodes whose heartbeat has not expired, by node id."""
+        """Nodes whose heartbeat has not expired, by node id, with their clock offsets."""
         ...
 
     async def nodes_leave(self, node_id: str) -> None:
@@ -334,7 +440,8 @@ class Ledger(Protocol):
         """One fenced transaction for a planner batch.
 
         Inserts the executions (``ON CONFLICT DO NOTHING`` on the id; skipped for schedules
-        that are deleted), moves each schedule's ``next_run_at`` if it is still at the
+        that are deleted or disabled -- a planner that has not yet heard of a pause plans
+        nothing more), moves each schedule's ``next_run_at`` if it is still at the
         expected version, and moves the partition checkpoint forward to ``checkpoint``
         (never backward). Every schedule named must belong to the fenced partition
         (``InvalidField`` otherwise). ``LeaseLost`` if the fence does not hold.
@@ -428,6 +535,46 @@ class Ledger(Protocol):
         """
         ...
 
+    async def executions_trigger(self, params: ExecutionsTrigger) -> Execution:
+        """Run a schedule now: insert a ``queued`` execution of it with ``planned_at`` =
+        ledger now (microseconds) and the id ``execution_id(schedule_id, planned_at)``.
+        While that id is taken, ``planned_at`` moves on by a microsecond, so two triggers in
+        one microsecond get two executions; it also moves past a whole second -- the instant
+        of every cron fire --, so a trigger never takes the id of a fire still to be planned
+        (:func:`~engine.ledger.common.trigger_instants`). Tenant, task type and partition are
+        the schedule's; ``enqueued_at`` = now. It is startable from ``planned_at``, that is
+        at once, or as many microseconds later as it moved on (:meth:`executions_due` of its
+        partition returns it from then on). Returns it as stored.
+
+        Works on a disabled (paused) schedule too: a manual run is explicit. ``NotFound`` if
+        the schedule is absent or deleted; ``InvalidField`` for a malformed ``actor`` or
+        ``reason``; ``AlreadyExists`` if :data:`TRIGGER_ID_TRIES_MAX` microseconds in a row
+        are taken (triggers in a tight loop; try again). Appends an ``executions_added``
+        change (the owning node hears of it as of any schedule change) and, audited, an
+        event: action ``schedule.trigger``, target the execution id, details
+        ``schedule_id`` and ``reason``. Not fenced.
+        """
+        ...
+
+    async def executions_backfill(self, params: ExecutionsBackfill) -> list[str]:
+        """Insert a ``queued`` execution of the schedule at each past instant of
+        ``planned_at``, under its deterministic id (``execution_id(schedule_id, instant)``),
+        like a planned fire (startable at once, since its instant has passed). An id that
+        exists already, in any status, is left alone: backfilling over fires that were
+        planned, ran or were skipped adds nothing. Returns the ids inserted, in the order
+        given, without repeats.
+
+        ``InvalidField`` -- and nothing changes -- for more than :data:`BATCH_ROWS_MAX`
+        instants, a naive one, one later than ledger now, or a malformed ``actor`` or
+        ``reason``; ``NotFound`` if the schedule is absent or deleted (disabled ones may be
+        backfilled). A call with instants is audited once, whatever it inserted: action
+        ``schedule.backfill``, target the schedule id, details ``inserted``, ``requested``
+        (distinct instants), ``first`` and ``last`` (the earliest and latest asked for, RFC
+        3339 UTC) and ``reason``; and, if it inserted any, appends one ``executions_added``
+        change. An empty list does nothing. Not fenced.
+        """
+        ...
+
     async def audit_list(self, params: AuditQuery) -> list[AuditEvent]:
         """Audit events with ``event_id > after_event_id`` matching every given filter, by
         ``event_id``, at most ``limit`` (1..:data:`PAGE_SIZE_MAX`, else ``InvalidField``).
@@ -443,60 +590,3 @@ class Ledger(Protocol):
         that finished before ``finished_before`` (with their history); returns how many.
         Dead letters are kept until replayed. Fenced."""
         ...
-
-
-def encode_cursor(*parts: Any) -> str:
-    """An opaque pagination cursor."""
-    return msgspec.json.encode(list(parts)).hex()
-
-
-def decode_cursor(cursor: str) -> list[Any]:
-    """The parts of a cursor made by :func:`encode_cursor`; ``InvalidField`` if forged."""
-    from engine.errors import InvalidField
-
-    try:
-        parts = msgspec.json.decode(bytes.fromhex(cursor))
-    except (ValueError, msgspec.DecodeError):
-        raise InvalidField("the pagination cursor is malformed") from None
-    if not isinstance(parts, list):
-        raise InvalidField("the pagination cursor is malformed")
-    return parts
-
-
-# --- records and errors both backends make the same way --------------------------------------
-
-
-def replay_audit_details(
-    reason: str | None, attempt: int, error_code: str | None
-) -> dict[str, Any]:
-    """The ``details`` of a ``dead_letter.replay`` audit event."""
-    return {"reason": reason, "attempt": attempt, "error_code": error_code}
-
-
-IN_USE_SHOWN_MAX: Final = 5
-"""How many schedule ids a refused task-type delete names."""
-
-
-def unknown_task_types(names: list[str]) -> InvalidField:
-    """The error for schedules naming task types that do not exist (``names`` sorted)."""
-    if len(names) == 1:
-        return InvalidField(
-            f"unknown task type {names[0]!r}; create it with "
-            f"`carillon task-type set {names[0]} --kind ...`"
-        )
-    shown = ", ".join(repr(name) for name in names)
-    return InvalidField(
-        f"unknown task types {shown}; create each with `carillon task-type set NAME --kind ...`"
-    )
-
-
-def task_type_in_use(name: str, count: int, schedule_ids: list[str]) -> InvalidField:
-    """The error for deleting a task type that ``count`` live schedules still name
-    (``schedule_ids``: the first few, by id)."""
-    shown = ", ".join(schedule_ids[:IN_USE_SHOWN_MAX])
-    more = f" and {count - IN_USE_SHOWN_MAX} more" if count > IN_USE_SHOWN_MAX else ""
-    noun = "schedule" if count == 1 else "schedules"
-    return InvalidField(
-        f"task type {name!r} is still used by {count} {noun} ({shown}{more}); delete them or "
-        "move them to another task type first"
-    )

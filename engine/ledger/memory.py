@@ -21,10 +21,11 @@ Design
   may be created again, and planning inserts executions only for live schedules.
 * **Cluster caps.** A claim counts the running executions of a capped task type from an
   index kept by the execution table, so uncapped task types cost a dictionary lookup.
-* **Layout.** This module keeps schedules, planning and dispatch; two mixins of this class
-  hold the rest: :mod:`engine.ledger._memory_cluster` (clock, settings, leases, membership)
-  and :mod:`engine.ledger._memory_admin` (task types, tenants, execution reads, dead-letter
-  replay, the audit trail). The tables and row transitions are in
+* **Layout.** This module keeps schedules, planning and dispatch; three mixins of this class
+  hold the rest: :mod:`engine.ledger._memory_cluster` (clock, settings, leases, membership),
+  :mod:`engine.ledger._memory_admin` (task types, tenants, execution reads, dead-letter
+  replay, the audit trail) and :mod:`engine.ledger._memory_api` (API tokens, trigger and
+  backfill, schedule quotas and census). The tables and row transitions are in
   :mod:`engine.ledger._memory_tables`.
 
 Invariants
@@ -52,6 +53,7 @@ from engine.core.hashing import partition_of
 from engine.errors import AlreadyExists, ConfigError, InvalidField, NotFound, VersionConflict
 from engine.ledger import _memory_tables as transitions
 from engine.ledger._memory_admin import AdminMethods
+from engine.ledger._memory_api import ApiMethods, TokenTable
 from engine.ledger._memory_cluster import ClusterMethods
 from engine.ledger._memory_tables import (
     AuditLog,
@@ -71,6 +73,10 @@ from engine.ledger._memory_tables import (
 from engine.ledger.base import (
     BATCH_ROWS_MAX,
     PAGE_SIZE_MAX,
+    SCHEDULE_DELETED,
+    SCHEDULE_DELETED_MESSAGE,
+    SCHEDULE_PAUSED,
+    SCHEDULE_PAUSED_MESSAGE,
     ChangeKind,
     ClusterSettings,
     CompleteResult,
@@ -120,7 +126,7 @@ _PURGEABLE = frozenset({ExecutionStatus.SUCCEEDED, ExecutionStatus.SKIPPED})
 _NOT_STARTED = frozenset({ExecutionStatus.QUEUED, ExecutionStatus.FAILED})
 
 
-class MemoryLedger(ClusterMethods, AdminMethods):
+class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
     """The ledger contract in process memory, on an injected clock.
 
     ``partition_count`` and ``active_region`` are the cluster settings a ``migrate`` would
@@ -153,6 +159,7 @@ class MemoryLedger(ClusterMethods, AdminMethods):
             "tenant", absent="has no stored settings (it has the defaults)"
         )
         self._audit = AuditLog()
+        self._tokens = TokenTable()
 
     def _now(self) -> datetime:
         now = self._clock.now()
@@ -184,6 +191,7 @@ class MemoryLedger(ClusterMethods, AdminMethods):
         existing = sorted(key for key in ids if key in self._schedules)
         if existing:
             raise AlreadyExists(f"schedule(s) {existing} exist already", ids=tuple(existing))
+        self._require_quotas(checked)
         now = self._now()
         created = []
         for schedule in checked:
@@ -209,13 +217,16 @@ class MemoryLedger(ClusterMethods, AdminMethods):
                 f"schedule {current.schedule_id!r} is at version {current.version}, not "
                 f"{params.expected_version}; re-read it and apply the change again"
             )
+        now = self._now()
         stored = msgspec.structs.replace(
             replacement,
             version=current.version + 1,
             partition_id=current.partition_id,
-            updated_at=self._now(),
+            updated_at=now,
         )
         self._schedules[stored.schedule_id] = stored
+        if current.enabled and not stored.enabled:
+            self._skip_pending(stored.schedule_id, now, SCHEDULE_PAUSED, SCHEDULE_PAUSED_MESSAGE)
         self._record_change(stored, ChangeKind.UPDATED)
         return stored
 
@@ -230,9 +241,7 @@ class MemoryLedger(ClusterMethods, AdminMethods):
         now = self._now()
         del self._schedules[current.schedule_id]
         self._tombstones[current.schedule_id] = current
-        for execution in self._executions.of_schedule(current.schedule_id):
-            if execution.status in (ExecutionStatus.QUEUED, ExecutionStatus.FAILED):
-                self._executions.put(transitions.skipped_by_delete(execution, now))
+        self._skip_pending(current.schedule_id, now, SCHEDULE_DELETED, SCHEDULE_DELETED_MESSAGE)
         self._record_change(current, ChangeKind.DELETED)
         return current
 
@@ -284,6 +293,12 @@ class MemoryLedger(ClusterMethods, AdminMethods):
         if not timeout_s >= 0:
             raise InvalidField(f"timeout_s must be zero or more seconds, got {timeout_s}")
         return await self._feed.wait_after(after_seq, timeout_s)
+
+    def _skip_pending(self, schedule_id: str, now: datetime, code: str, message: str) -> None:
+        """Skip the executions of a schedule that have not started (deleted or paused)."""
+        for execution in self._executions.of_schedule(schedule_id):
+            if execution.status in _NOT_STARTED:
+                self._executions.put(transitions.skipped_by_schedule(execution, now, code, message))
 
     def _live_schedule(self, schedule_id: str) -> Schedule:
         schedule = self._schedules.get(schedule_id)
@@ -361,7 +376,8 @@ class MemoryLedger(ClusterMethods, AdminMethods):
         inserted = []
         for item in planned:
             key = execution_id(item.schedule_id, item.planned_at)
-            if item.schedule_id not in self._schedules or self._executions.get(key) is not None:
+            schedule = self._schedules.get(item.schedule_id)
+            if schedule is None or not schedule.enabled or self._executions.get(key) is not None:
                 continue
             self._executions.put(transitions.planned(item, key, fence, now))
             inserted.append(key)

@@ -13,7 +13,9 @@ from typing import Final, Generic, TypeVar
 
 import msgspec
 
+from engine.core.dst import DstGap, DstOverlap
 from engine.model import (
+    ApiToken,
     Execution,
     ExecutionStatus,
     Schedule,
@@ -25,6 +27,17 @@ BATCH_ROWS_MAX: Final = 10_000
 """Most rows one write call may carry."""
 PAGE_SIZE_MAX: Final = 1_000
 """Most rows one read call returns."""
+CENSUS_GROUPS_MAX: Final = 100_000
+"""Most groups one schedule census returns."""
+TOKEN_HASH_BYTES: Final = 32
+"""Length of an API token's hash (SHA-256 of the secret, computed by the caller)."""
+
+SCHEDULE_DELETED: Final = "schedule_deleted"
+"""``error_code`` of executions skipped because their schedule was deleted."""
+SCHEDULE_DELETED_MESSAGE: Final = "the schedule was deleted before this execution started"
+SCHEDULE_PAUSED: Final = "schedule_paused"
+"""``error_code`` of executions skipped because their schedule was disabled (paused)."""
+SCHEDULE_PAUSED_MESSAGE: Final = "the schedule was paused before this execution started"
 
 T = TypeVar("T")
 
@@ -60,12 +73,18 @@ class NodeInfo(msgspec.Struct, frozen=True):
     started_at: datetime
     last_seen_at: datetime
     expires_at: datetime
+    clock_offset_s: float | None = None
+    """The node's clock minus the ledger's, as the node last measured and reported it
+    (``None``: not reported)."""
 
 
 class ChangeKind(enum.StrEnum):
     CREATED = "created"
     UPDATED = "updated"
     DELETED = "deleted"
+    EXECUTIONS_ADDED = "executions_added"
+    """An operator added executions of the schedule (trigger, backfill); the schedule itself
+    is unchanged (the change carries its current version)."""
 
 
 class ScheduleChange(msgspec.Struct, frozen=True):
@@ -149,6 +168,8 @@ class NodesHeartbeat(msgspec.Struct, frozen=True):
     node_id: str
     region: str
     ttl_s: float
+    clock_offset_s: float | None = None
+    """The node's measured clock offset to the ledger's clock, stored on its row."""
 
 
 class PlannedExecution(msgspec.Struct, frozen=True):
@@ -331,3 +352,64 @@ class TenantsPut(msgspec.Struct, frozen=True):
 
     tenant: Tenant
     expected_version: int | None = None
+
+
+# --- the HTTP API's operations: tokens, operator-added executions, census ---------------
+
+
+class TokensCreate(msgspec.Struct, frozen=True):
+    """Store an API token, on behalf of ``actor``: its record and the SHA-256 of its secret
+    (:data:`TOKEN_HASH_BYTES` bytes, computed by the caller; the secret never reaches the
+    ledger)."""
+
+    token: ApiToken
+    token_hash: bytes
+    actor: str
+
+
+class TokensRevoke(msgspec.Struct, frozen=True):
+    token_id: str
+    actor: str
+
+
+class ExecutionsTrigger(msgspec.Struct, frozen=True):
+    """Run a schedule now, on behalf of ``actor`` (audited with ``reason``)."""
+
+    schedule_id: str
+    actor: str
+    reason: str | None = None
+
+
+class ExecutionsBackfill(msgspec.Struct, frozen=True):
+    """Add the fires of a schedule at past instants ``planned_at``, on behalf of ``actor``."""
+
+    schedule_id: str
+    planned_at: list[datetime]
+    actor: str
+    reason: str | None = None
+
+
+class SchedulesCensus(msgspec.Struct, frozen=True):
+    """Group the enabled live schedules (of one tenant, when given)."""
+
+    tenant_id: str | None = None
+    limit: int = CENSUS_GROUPS_MAX
+
+
+class ScheduleGroup(msgspec.Struct, frozen=True):
+    """Enabled schedules that fire at the same instants: what a load forecast expands once
+    and weighs by ``count`` instead of expanding every schedule.
+
+    Expressions with ``H`` fields hash on the schedule id, so the members of such a group
+    may fire at different instants: a forecast approximates them all by the group's sample.
+    """
+
+    cron_expr: str
+    timezone: str
+    dst_gap: DstGap
+    dst_overlap: DstOverlap
+    tenant_id: str
+    task_type: str
+    count: int
+    sample_schedule_id: str
+    """The smallest schedule id of the group (by code point)."""

@@ -113,6 +113,7 @@ class Cluster:
             "lookahead_s": 5,
             "clock_probe_interval_s": 10,
             "change_poll_interval_s": 30,
+            "http": "",  # many nodes in one process: no HTTP API
         }
         settings.update(self.config_overrides)
         config = NodeConfig(node_id=node_id, **settings)

@@ -33,6 +33,7 @@ def node_config(node_id: str) -> NodeConfig:
         change_poll_interval_s=1,
         catchup_grace_s=30,
         shutdown_timeout_s=5,
+        http="",
     )
 
 

@@ -129,6 +129,7 @@ def node_config(
 ) -> NodeConfig:
     return NodeConfig(
         node_id=node_id,
+        http="",
         attempt_lease_s=attempt_lease_s,
         lease_ttl_s=3,
         lease_safety_margin_s=0.5,

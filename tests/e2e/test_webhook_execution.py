@@ -17,6 +17,7 @@ from engine.cli import main
 from engine.core.instants import format_utc
 from engine.ledger.postgres import open_postgres_ledger
 from engine.model import ExecutionStatus
+from tests.cli.harness import create_token, serving
 from tests.e2e.harness import (
     Delivery,
     Receiver,
@@ -119,8 +120,10 @@ async def test_a_client_error_dead_letters_at_once_and_a_replay_succeeds_with_hi
             assert (dead.attempt, dead.error_code) == (1, "http_400")
             assert len(receiver.of(dead.execution_id)) == 1
             receiver.policy = lambda delivery, before: 200  # the receiver is fixed
-            argv = ["dlq", "replay", dead.execution_id, "--database-url", url]
-            assert await trio.to_thread.run_sync(main, argv) == 0
+            token = await create_token(ledger)
+            async with serving(ledger, time.monotonic) as (api_url, _):
+                argv = ["dlq", "replay", dead.execution_id, "--url", api_url, "--token", token]
+                assert await trio.to_thread.run_sync(main, argv) == 0
             assert "replayed 1 of 1 dead letters" in capsys.readouterr().out
             done = await wait_for_execution(
                 ledger,

@@ -6,8 +6,9 @@ clock (``database_now``), because Postgres judges expiry by its ``now()``.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator, Awaitable
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 import msgspec
 import pytest
@@ -15,21 +16,25 @@ import trio
 
 from engine.core.dst import DstGap, DstOverlap
 from engine.core.hashing import partition_of
+from engine.core.instants import format_utc
 from engine.errors import (
     AlreadyExists,
     InvalidField,
     LeaseLost,
     NotFound,
+    QuotaExceeded,
     VersionConflict,
 )
 from engine.ledger.base import (
     BATCH_ROWS_MAX,
+    CENSUS_GROUPS_MAX,
     PAGE_SIZE_MAX,
     AttemptRef,
     AuditQuery,
     ChangeKind,
     Completion,
     DeadLettersReplay,
+    ExecutionsBackfill,
     ExecutionsClaim,
     ExecutionsComplete,
     ExecutionsDue,
@@ -39,6 +44,7 @@ from engine.ledger.base import (
     ExecutionsQuery,
     ExecutionsRequeueExpired,
     ExecutionsSkip,
+    ExecutionsTrigger,
     Fence,
     LeasesAcquire,
     LeasesRelease,
@@ -48,16 +54,23 @@ from engine.ledger.base import (
     PlannedExecution,
     ScheduleAdvance,
     ScheduleChangesSince,
+    ScheduleGroup,
+    SchedulesCensus,
     SchedulesCreate,
     SchedulesDelete,
     SchedulesList,
     SchedulesUpdate,
     TaskTypesPut,
     TenantsPut,
+    TokensCreate,
+    TokensRevoke,
+    encode_cursor,
 )
 from engine.model import (
     PAYLOAD_BYTES_MAX,
     SETTINGS_BYTES_MAX,
+    TENANT_SCHEDULES_MAX,
+    ApiToken,
     CatchUpPolicy,
     ExecutionStatus,
     HandlerKind,
@@ -567,6 +580,8 @@ async def test_tenants_are_stored_versioned_and_listed_by_id(backend: Backend) -
         (Tenant(tenant_id="t", rate_per_s=0.0), "rate_per_s"),
         (Tenant(tenant_id="t", rate_per_s=float("nan")), "rate_per_s"),
         (Tenant(tenant_id="t", burst=5), "burst only applies with a rate"),
+        (Tenant(tenant_id="t", schedules_max=0), "schedules_max"),
+        (Tenant(tenant_id="t", schedules_max=TENANT_SCHEDULES_MAX + 1), "schedules_max"),
     ],
 )
 async def test_malformed_tenants_are_refused_with_the_field_named(
@@ -1375,3 +1390,532 @@ async def test_a_cluster_cap_starts_at_most_that_many_of_a_task_type(backend: Ba
         ExecutionsQuery(status=ExecutionStatus.RUNNING, task_type="capped")
     )
     assert len(running.items) == 5
+
+
+# --- forged cursors --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [
+        ("\u0000",),
+        ("2026-01-01T00:00:00Z", "\u0000"),
+        ("0001-01-01T00:00:00+01:00", "x"),  # out of range once in UTC
+        ("2026-01-01T00:00:00", "x"),  # naive
+        ("yesterday", "x"),
+        (1, 2),
+    ],
+)
+async def test_forged_cursors_are_refused_as_malformed(
+    backend: Backend, parts: tuple[object, ...]
+) -> None:
+    await backend.ledger.schedules_create(SchedulesCreate([schedule("s")]))
+    cursor = encode_cursor(*parts)
+    with pytest.raises(InvalidField, match="cursor is malformed"):
+        await backend.ledger.schedules_list(SchedulesList(cursor=cursor))
+    with pytest.raises(InvalidField, match="cursor"):
+        await backend.ledger.executions_query(ExecutionsQuery(cursor=cursor))
+
+
+# --- API tokens ------------------------------------------------------------------------------
+
+
+def digest(secret: str) -> bytes:
+    """What the API stores of a token's secret: its SHA-256."""
+    return hashlib.sha256(secret.encode()).digest()
+
+
+async def test_a_token_is_stored_as_its_hash_found_by_it_and_audited(backend: Backend) -> None:
+    before = await backend.ledger.database_now()
+    admin = await backend.ledger.tokens_create(
+        TokensCreate(
+            ApiToken(token_id="ops", scope="admin", description="on-call rotation"),
+            digest("s1"),
+            "cli:alice@ops-1",
+        )
+    )
+    after = await backend.ledger.database_now()
+    assert (admin.token_id, admin.scope, admin.description, admin.revoked_at) == (
+        "ops",
+        "admin",
+        "on-call rotation",
+        None,
+    )
+    assert admin.created_at is not None
+    assert before <= admin.created_at <= after
+    tenant = await backend.ledger.tokens_create(
+        TokensCreate(ApiToken(token_id="acme-ci", scope="tenant:acme"), digest("s2"), "ops")
+    )
+    assert await backend.ledger.tokens_get_by_hash(digest("s1")) == admin
+    assert await backend.ledger.tokens_get_by_hash(digest("s2")) == tenant
+    assert await backend.ledger.tokens_list() == [tenant, admin]  # by token id
+    with pytest.raises(NotFound):
+        await backend.ledger.tokens_get_by_hash(digest("unknown"))
+    with pytest.raises(InvalidField, match="32-byte"):
+        await backend.ledger.tokens_get_by_hash(b"short")
+    with pytest.raises(AlreadyExists, match="'ops'"):
+        await backend.ledger.tokens_create(
+            TokensCreate(ApiToken(token_id="ops", scope="admin"), digest("s3"), "ops")
+        )
+    with pytest.raises(AlreadyExists, match="secret"):
+        await backend.ledger.tokens_create(
+            TokensCreate(ApiToken(token_id="other", scope="admin"), digest("s1"), "ops")
+        )
+    assert await backend.ledger.tokens_list() == [tenant, admin]
+    events = await backend.ledger.audit_list(AuditQuery(action="token.create"))
+    assert [(e.actor, e.target, e.details) for e in events] == [
+        ("cli:alice@ops-1", "ops", {"scope": "admin", "description": "on-call rotation"}),
+        ("ops", "acme-ci", {"scope": "tenant:acme", "description": ""}),
+    ]
+
+
+async def test_revoked_token_is_still_found_with_revoked_at(backend: Backend) -> None:
+    created = await backend.ledger.tokens_create(
+        TokensCreate(ApiToken(token_id="ci", scope="tenant:acme"), digest("s"), "ops")
+    )
+    revoked = await backend.ledger.tokens_revoke(TokensRevoke("ci", "cli:bob@ops-2"))
+    assert revoked.revoked_at is not None
+    assert revoked == msgspec.structs.replace(created, revoked_at=revoked.revoked_at)
+    assert await backend.ledger.tokens_get_by_hash(digest("s")) == revoked
+    await backend.advance(0.01)
+    assert await backend.ledger.tokens_revoke(TokensRevoke("ci", "ops")) == revoked  # once
+    assert await backend.ledger.tokens_list() == [revoked]
+    events = await backend.ledger.audit_list(AuditQuery(action="token.revoke"))
+    assert [(e.actor, e.target, e.details) for e in events] == [
+        ("cli:bob@ops-2", "ci", {"scope": "tenant:acme"})
+    ]
+    with pytest.raises(NotFound):
+        await backend.ledger.tokens_revoke(TokensRevoke("nope", "ops"))
+    with pytest.raises(InvalidField):
+        await backend.ledger.tokens_revoke(TokensRevoke("ci", " ops"))
+    with pytest.raises(AlreadyExists):  # a revoked token's id is never reused
+        await backend.ledger.tokens_create(
+            TokensCreate(ApiToken(token_id="ci", scope="admin"), digest("t"), "ops")
+        )
+
+
+SECRET_HASH = digest("secret")
+
+
+@pytest.mark.parametrize(
+    ("token", "token_hash", "actor", "match"),
+    [
+        (ApiToken(token_id="a b", scope="admin"), SECRET_HASH, "ops", "token id"),
+        (ApiToken(token_id="t", scope="root"), SECRET_HASH, "ops", "scope"),
+        (ApiToken(token_id="t", scope="Admin"), SECRET_HASH, "ops", "scope"),
+        (ApiToken(token_id="t", scope="tenants:acme"), SECRET_HASH, "ops", "scope"),
+        (ApiToken(token_id="t", scope="tenant:"), SECRET_HASH, "ops", "tenant id"),
+        (ApiToken(token_id="t", scope="tenant:a:b"), SECRET_HASH, "ops", "tenant id"),
+        (ApiToken(token_id="t", scope="admin", description="x" * 201), SECRET_HASH, "ops", "200"),
+        (ApiToken(token_id="t", scope="admin", description="a\nb"), SECRET_HASH, "ops", "print"),
+        (ApiToken(token_id="t", scope="admin"), SECRET_HASH[:31], "ops", "32-byte"),
+        (ApiToken(token_id="t", scope="admin"), SECRET_HASH, "", "actor"),
+    ],
+)
+async def test_malformed_tokens_are_refused_and_change_nothing(
+    backend: Backend, token: ApiToken, token_hash: bytes, actor: str, match: str
+) -> None:
+    with pytest.raises(InvalidField, match=match):
+        await backend.ledger.tokens_create(TokensCreate(token, token_hash, actor))
+    assert await backend.ledger.tokens_list() == []
+    assert await backend.ledger.audit_list(AuditQuery()) == []
+
+
+# --- pausing ---------------------------------------------------------------------------------
+
+
+async def test_pausing_skips_queued_executions(backend: Backend) -> None:
+    partition = 4
+    [sid] = ids_in_partition(partition, 1, prefix="pause")
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+    fence = await own(backend, partition)
+    now = await backend.ledger.database_now()
+    at = now.replace(microsecond=0)
+    instants = [at - timedelta(minutes=3), at - timedelta(minutes=2), at + timedelta(minutes=1)]
+    for instant in instants:
+        await planned(backend, fence, [sid], instant)
+    running, failed, queued = (execution_id(sid, instant) for instant in instants)
+    claimed = await backend.ledger.executions_claim(
+        ExecutionsClaim([fence], [running, failed], 60, "n")
+    )
+    assert len(claimed) == 2
+    retry = Completion(failed, 1, Outcome.FAILED, not_before=now + timedelta(hours=1))
+    await backend.ledger.executions_complete(ExecutionsComplete([fence], [retry]))
+    current = await backend.ledger.schedules_get(sid)
+    paused = await backend.ledger.schedules_update(
+        SchedulesUpdate(msgspec.structs.replace(current, enabled=False), current.version)
+    )
+    for key in (failed, queued):
+        execution = (await backend.ledger.executions_get(key)).execution
+        assert (execution.status, execution.error_code) == (
+            ExecutionStatus.SKIPPED,
+            "schedule_paused",
+        )
+        assert execution.finished_at is not None
+        assert execution.not_before is None
+    # A running attempt finishes normally.
+    assert (await backend.ledger.executions_get(running)).execution.status is (
+        ExecutionStatus.RUNNING
+    )
+    done = await backend.ledger.executions_complete(
+        ExecutionsComplete([fence], [Completion(running, 1, Outcome.SUCCEEDED)])
+    )
+    assert done.applied == [running]
+    # Enabling it again skips nothing and revives nothing.
+    await backend.ledger.schedules_update(
+        SchedulesUpdate(msgspec.structs.replace(paused, enabled=True), paused.version)
+    )
+    assert (await backend.ledger.executions_get(queued)).execution.status is (
+        ExecutionStatus.SKIPPED
+    )
+    assert await due_now(backend, partition, after=7200) == []
+    changes = await backend.ledger.schedule_changes(ScheduleChangesSince(after_seq=0))
+    assert [c.kind for c in changes] == [ChangeKind.CREATED, ChangeKind.UPDATED, ChangeKind.UPDATED]
+
+
+async def test_a_paused_schedule_is_not_planned_until_enabled_again(backend: Backend) -> None:
+    partition = 2
+    [sid] = ids_in_partition(partition, 1, prefix="paused")
+    [created] = await backend.ledger.schedules_create(
+        SchedulesCreate([schedule(sid, enabled=False)])
+    )
+    fence = await own(backend, partition)
+    at = (await backend.ledger.database_now()).replace(microsecond=0) - timedelta(seconds=1)
+    fire = PlannedExecution(sid, "acme", "noop", at)
+    # A planner that has not heard of the pause yet plans nothing for it.
+    result = await backend.ledger.executions_plan(ExecutionsPlan(fence, [fire], []))
+    assert result.inserted == []
+    await backend.ledger.schedules_update(
+        SchedulesUpdate(msgspec.structs.replace(created, enabled=True), created.version)
+    )
+    result = await backend.ledger.executions_plan(ExecutionsPlan(fence, [fire], []))
+    assert result.inserted == [execution_id(sid, at)]
+
+
+# --- operator-added executions: trigger and backfill -----------------------------------------
+
+
+async def test_a_trigger_queues_a_run_due_at_once_and_is_audited(backend: Backend) -> None:
+    partition = 6
+    [sid] = ids_in_partition(partition, 1, prefix="trig")
+    [stored] = await backend.ledger.schedules_create(
+        SchedulesCreate([schedule(sid, tenant_id="globex")])
+    )
+    head = await backend.ledger.schedule_changes_head()
+    before = await backend.ledger.database_now()
+    execution = await backend.ledger.executions_trigger(
+        ExecutionsTrigger(sid, "cli:alice@ops-1", "rerun after the fix")
+    )
+    after = await backend.ledger.database_now()
+    # Ledger now, or a microsecond after it if now is a whole second (a cron fire's instant).
+    assert before <= execution.planned_at <= after + timedelta(microseconds=1)
+    assert execution.planned_at.microsecond != 0
+    assert execution.execution_id == execution_id(sid, execution.planned_at)
+    assert (
+        execution.schedule_id,
+        execution.tenant_id,
+        execution.task_type,
+        execution.partition_id,
+        execution.status,
+        execution.attempt,
+    ) == (sid, "globex", "noop", partition, ExecutionStatus.QUEUED, 0)
+    assert execution.enqueued_at is not None
+    assert (await backend.ledger.executions_get(execution.execution_id)).execution == execution
+    await backend.advance(0.001)
+    assert await due_now(backend, partition) == [execution.execution_id]
+    fence = await own(backend, partition)
+    [started] = await backend.ledger.executions_claim(
+        ExecutionsClaim([fence], [execution.execution_id], 60, "n")
+    )
+    assert started.attempt == 1
+    [event] = await backend.ledger.audit_list(AuditQuery(action="schedule.trigger"))
+    assert (event.actor, event.target, event.details) == (
+        "cli:alice@ops-1",
+        execution.execution_id,
+        {"schedule_id": sid, "reason": "rerun after the fix"},
+    )
+    [change] = await backend.ledger.schedule_changes(ScheduleChangesSince(head))
+    assert (change.schedule_id, change.partition_id, change.kind, change.version) == (
+        sid,
+        partition,
+        ChangeKind.EXECUTIONS_ADDED,
+        stored.version,
+    )
+    for bad in (ExecutionsTrigger(sid, ""), ExecutionsTrigger(sid, "ops", "  ")):
+        with pytest.raises(InvalidField):
+            await backend.ledger.executions_trigger(bad)
+    with pytest.raises(NotFound):
+        await backend.ledger.executions_trigger(ExecutionsTrigger("nope", "ops"))
+    await backend.ledger.schedules_delete(SchedulesDelete(sid))
+    with pytest.raises(NotFound):
+        await backend.ledger.executions_trigger(ExecutionsTrigger(sid, "ops"))
+    assert len(await backend.ledger.audit_list(AuditQuery(action="schedule.trigger"))) == 1
+
+
+async def test_trigger_twice_in_one_microsecond_gets_two_ids(backend: Backend) -> None:
+    partition = 1
+    [sid] = ids_in_partition(partition, 1, prefix="twice")
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+    fence = await own(backend, partition)
+    now = await backend.ledger.database_now()
+    taken = now + timedelta(microseconds=2)
+    await planned(backend, fence, [sid], taken)
+    runs = [await backend.ledger.executions_trigger(ExecutionsTrigger(sid, "ops")) for _ in "abc"]
+    ids = [run.execution_id for run in runs]
+    assert len({*ids, execution_id(sid, taken)}) == 4
+    assert [run.planned_at for run in runs] == sorted({run.planned_at for run in runs})
+    if backend.clock is not None:
+        # The memory ledger's clock stands still (on a whole second, which a trigger leaves
+        # to the cron fires): each trigger moves on by a microsecond, and past the fire
+        # planned at that very instant.
+        assert now.microsecond == 0
+        assert [run.planned_at - now for run in runs] == [
+            timedelta(microseconds=1),
+            timedelta(microseconds=3),
+            timedelta(microseconds=4),
+        ]
+    assert len(await backend.ledger.audit_list(AuditQuery(action="schedule.trigger"))) == 3
+
+
+async def test_a_trigger_never_takes_the_instant_of_a_cron_fire(backend: Backend) -> None:
+    partition = 3
+    [sid] = ids_in_partition(partition, 1, prefix="dot")
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+    run = await backend.ledger.executions_trigger(ExecutionsTrigger(sid, "ops"))
+    assert run.planned_at.microsecond != 0
+    # The fire of that second (every fire is at a whole second) is still planned.
+    second = run.planned_at.replace(microsecond=0)
+    fence = await own(backend, partition)
+    assert await planned(backend, fence, [sid], second) == [execution_id(sid, second)]
+
+
+async def test_a_trigger_runs_a_paused_schedule_and_a_later_update_keeps_it(
+    backend: Backend,
+) -> None:
+    partition = 5
+    [sid] = ids_in_partition(partition, 1, prefix="manual")
+    [created] = await backend.ledger.schedules_create(
+        SchedulesCreate([schedule(sid, enabled=False)])
+    )
+    execution = await backend.ledger.executions_trigger(ExecutionsTrigger(sid, "ops"))
+    assert execution.status is ExecutionStatus.QUEUED
+    changed = msgspec.structs.replace(created, cron_expr="0 * * * *")  # still disabled
+    await backend.ledger.schedules_update(SchedulesUpdate(changed, created.version))
+    await backend.advance(0.001)
+    assert await due_now(backend, partition) == [execution.execution_id]
+
+
+async def test_backfill_inserts_past_fires_once_each_and_is_audited_once(
+    backend: Backend,
+) -> None:
+    partition = 2
+    [sid] = ids_in_partition(partition, 1, prefix="fill")
+    # A disabled schedule may be backfilled too.
+    [stored] = await backend.ledger.schedules_create(
+        SchedulesCreate([schedule(sid, enabled=False)])
+    )
+    head = await backend.ledger.schedule_changes_head()
+    now = await backend.ledger.database_now()
+    hour = now.replace(minute=0, second=0, microsecond=0)
+    instants = [hour - timedelta(hours=2), hour - timedelta(hours=1), now]
+    paris = instants[1].astimezone(timezone(timedelta(hours=2)))  # the same instant again
+    asked = [instants[1], instants[0], paris, instants[2]]
+    inserted = await backend.ledger.executions_backfill(
+        ExecutionsBackfill(sid, asked, "ops", "the outage of 1 March")
+    )
+    ids = [execution_id(sid, instant) for instant in instants]
+    assert inserted == [ids[1], ids[0], ids[2]]
+    for key, instant in zip(ids, instants, strict=True):
+        execution = (await backend.ledger.executions_get(key)).execution
+        assert (execution.status, execution.planned_at, execution.partition_id) == (
+            ExecutionStatus.QUEUED,
+            instant,
+            partition,
+        )
+    assert sorted(await due_now(backend, partition)) == sorted(ids)
+    [event] = await backend.ledger.audit_list(AuditQuery(action="schedule.backfill"))
+    assert (event.actor, event.target, event.details) == (
+        "ops",
+        sid,
+        {
+            "inserted": 3,
+            "requested": 3,
+            "first": format_utc(instants[0]),
+            "last": format_utc(instants[2]),
+            "reason": "the outage of 1 March",
+        },
+    )
+    [change] = await backend.ledger.schedule_changes(ScheduleChangesSince(head))
+    assert (change.kind, change.version) == (ChangeKind.EXECUTIONS_ADDED, stored.version)
+    assert await backend.ledger.executions_backfill(ExecutionsBackfill(sid, [], "ops")) == []
+    assert len(await backend.ledger.audit_list(AuditQuery(action="schedule.backfill"))) == 1
+
+
+async def test_backfill_over_runs_that_happened_inserts_nothing(backend: Backend) -> None:
+    partition = 3
+    [sid] = ids_in_partition(partition, 1, prefix="ran")
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+    fence = await own(backend, partition)
+    at = (await backend.ledger.database_now()).replace(microsecond=0) - timedelta(minutes=5)
+    ran, skipped, pending = at, at + timedelta(minutes=1), at + timedelta(minutes=2)
+    await planned(backend, fence, [sid], ran)
+    await planned(backend, fence, [sid], pending)
+    catch_up = PlannedExecution(
+        sid, "acme", "noop", skipped, ExecutionStatus.SKIPPED, error_code="catchup_window"
+    )
+    await backend.ledger.executions_plan(ExecutionsPlan(fence, [catch_up], []))
+    await backend.ledger.executions_claim(
+        ExecutionsClaim([fence], [execution_id(sid, ran)], 60, "n")
+    )
+    await backend.ledger.executions_complete(
+        ExecutionsComplete([fence], [Completion(execution_id(sid, ran), 1, Outcome.SUCCEEDED)])
+    )
+    ids = [execution_id(sid, instant) for instant in (ran, skipped, pending)]
+    before = [(await backend.ledger.executions_get(key)).execution for key in ids]
+    head = await backend.ledger.schedule_changes_head()
+    backfill = ExecutionsBackfill(sid, [ran, skipped, pending], "ops")
+    assert await backend.ledger.executions_backfill(backfill) == []
+    assert [(await backend.ledger.executions_get(key)).execution for key in ids] == before
+    assert [e.status for e in before] == [
+        ExecutionStatus.SUCCEEDED,
+        ExecutionStatus.SKIPPED,
+        ExecutionStatus.QUEUED,
+    ]
+    [event] = await backend.ledger.audit_list(AuditQuery(action="schedule.backfill"))
+    assert (event.details["inserted"], event.details["requested"]) == (0, 3)
+    assert await backend.ledger.schedule_changes(ScheduleChangesSince(head)) == []
+
+
+async def test_backfill_refuses_future_naive_or_too_many_instants_and_changes_nothing(
+    backend: Backend,
+) -> None:
+    [sid] = ids_in_partition(7, 1, prefix="bad")
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+    now = await backend.ledger.database_now()
+    past = now - timedelta(hours=1)
+    refused = [
+        (ExecutionsBackfill(sid, [past, now + timedelta(hours=1)], "ops"), "later than"),
+        (ExecutionsBackfill(sid, [past.replace(tzinfo=None)], "ops"), "UTC offset"),
+        (
+            ExecutionsBackfill(
+                sid, [past - timedelta(seconds=n) for n in range(BATCH_ROWS_MAX + 1)], "ops"
+            ),
+            "at most",
+        ),
+        (ExecutionsBackfill(sid, [past], ""), "actor"),
+        (ExecutionsBackfill(sid, [past], "ops", ""), "reason"),
+    ]
+    for params, match in refused:
+        with pytest.raises(InvalidField, match=match):
+            await backend.ledger.executions_backfill(params)
+    with pytest.raises(NotFound):
+        await backend.ledger.executions_backfill(ExecutionsBackfill("nope", [past], "ops"))
+    page = await backend.ledger.executions_query(ExecutionsQuery(schedule_id=sid))
+    assert page.items == []
+    assert await backend.ledger.audit_list(AuditQuery()) == []
+
+
+# --- schedule quota and census ---------------------------------------------------------------
+
+
+async def test_schedule_quota_refuses_whole_batch(backend: Backend) -> None:
+    await backend.ledger.tenants_put(TenantsPut(Tenant(tenant_id="acme", schedules_max=3)))
+    assert (await backend.ledger.tenants_get("acme")).schedules_max == 3
+    await backend.ledger.schedules_create(SchedulesCreate([schedule("a1"), schedule("a2")]))
+    assert await backend.ledger.schedules_count("acme") == 2
+    batch = [schedule("a3"), schedule("g1", tenant_id="globex"), schedule("a4")]
+    with pytest.raises(QuotaExceeded) as refused:
+        await backend.ledger.schedules_create(SchedulesCreate(batch))
+    error = refused.value
+    assert (error.tenant_id, error.quota, error.count, error.requested) == ("acme", 3, 2, 2)
+    for part in ("'acme'", "at most 3", "owns 2", "2 more"):
+        assert part in str(error)
+    for sid in ("a3", "g1", "a4"):  # all or none: the other tenant's schedule too
+        with pytest.raises(NotFound):
+            await backend.ledger.schedules_get(sid)
+    await backend.ledger.schedules_create(
+        SchedulesCreate([schedule("a3", enabled=False), schedule("g1", tenant_id="globex")])
+    )
+    assert await backend.ledger.schedules_count("acme") == 3  # disabled ones count
+    with pytest.raises(AlreadyExists):  # checked before the quota
+        await backend.ledger.schedules_create(SchedulesCreate([schedule("a2"), schedule("a9")]))
+    # A deleted schedule frees its place; creating its id again takes it back.
+    await backend.ledger.schedules_delete(SchedulesDelete("a1"))
+    assert await backend.ledger.schedules_count("acme") == 2
+    await backend.ledger.schedules_create(SchedulesCreate([schedule("a1")]))
+    with pytest.raises(QuotaExceeded):
+        await backend.ledger.schedules_create(SchedulesCreate([schedule("a5")]))
+    # Updates never count: moving a schedule into the full tenant is allowed.
+    g1 = await backend.ledger.schedules_get("g1")
+    moved = msgspec.structs.replace(g1, tenant_id="acme")
+    await backend.ledger.schedules_update(SchedulesUpdate(moved, g1.version))
+    assert await backend.ledger.schedules_count("acme") == 4
+    assert await backend.ledger.schedules_count("globex") == 0
+    # Without a quota (or without a row) a tenant is unlimited.
+    await backend.ledger.tenants_put(TenantsPut(Tenant(tenant_id="acme")))
+    await backend.ledger.schedules_create(SchedulesCreate([schedule("a5"), schedule("a6")]))
+    await backend.ledger.schedules_create(
+        SchedulesCreate([schedule(f"n{n}", tenant_id="newcomer") for n in range(5)])
+    )
+    assert await backend.ledger.schedules_count("acme") == 6
+    assert await backend.ledger.schedules_count("nobody") == 0
+
+
+async def test_census_groups_enabled_schedules(backend: Backend) -> None:
+    every5 = "*/5 * * * *"
+    await backend.ledger.schedules_create(
+        SchedulesCreate(
+            [
+                schedule("m3", cron_expr=every5),
+                schedule("m1", cron_expr=every5),
+                schedule("m2", cron_expr=every5),
+                schedule("p2", cron_expr=every5, timezone="Europe/Paris"),
+                schedule("p1", cron_expr=every5, timezone="Europe/Paris"),
+                schedule("off", cron_expr=every5, enabled=False),
+                schedule("gap", cron_expr=every5, timezone="Europe/Paris", dst_gap=DstGap.SKIP),
+                schedule("g1", cron_expr="0 * * * *", tenant_id="globex"),
+                schedule("gone", cron_expr="0 * * * *", tenant_id="globex"),
+            ]
+        )
+    )
+    await backend.ledger.schedules_delete(SchedulesDelete("gone"))
+    auto, paris = (DstGap.AUTO, DstOverlap.AUTO), "Europe/Paris"
+    expected = [
+        ScheduleGroup(every5, "UTC", *auto, "acme", "noop", count=3, sample_schedule_id="m1"),
+        ScheduleGroup(every5, paris, *auto, "acme", "noop", count=2, sample_schedule_id="p1"),
+        ScheduleGroup(
+            every5, paris, DstGap.SKIP, DstOverlap.AUTO, "acme", "noop", 1, sample_schedule_id="gap"
+        ),
+        ScheduleGroup("0 * * * *", "UTC", *auto, "globex", "noop", 1, sample_schedule_id="g1"),
+    ]
+    assert await backend.ledger.schedules_census(SchedulesCensus()) == expected
+    assert await backend.ledger.schedules_census(SchedulesCensus(limit=2)) == expected[:2]
+    globex = await backend.ledger.schedules_census(SchedulesCensus(tenant_id="globex"))
+    assert globex == expected[3:]
+    assert await backend.ledger.schedules_census(SchedulesCensus(tenant_id="nobody")) == []
+    for limit in (0, CENSUS_GROUPS_MAX + 1):
+        with pytest.raises(InvalidField):
+            await backend.ledger.schedules_census(SchedulesCensus(limit=limit))
+
+
+# --- membership: clock offsets ---------------------------------------------------------------
+
+
+async def test_membership_carries_each_nodes_clock_offset(backend: Backend) -> None:
+    info = await backend.ledger.nodes_heartbeat(
+        NodesHeartbeat("n1", "eu", ttl_s=60, clock_offset_s=-0.25)
+    )
+    assert info.clock_offset_s == -0.25
+    await backend.ledger.nodes_heartbeat(NodesHeartbeat("n2", "eu", ttl_s=60))
+    live = await backend.ledger.nodes_live()
+    assert [(n.node_id, n.clock_offset_s) for n in live] == [("n1", -0.25), ("n2", None)]
+    await backend.ledger.nodes_heartbeat(NodesHeartbeat("n1", "eu", ttl_s=60, clock_offset_s=1))
+    await backend.ledger.nodes_heartbeat(NodesHeartbeat("n2", "eu", ttl_s=60, clock_offset_s=0.5))
+    live = await backend.ledger.nodes_live()
+    assert [(n.node_id, n.clock_offset_s) for n in live] == [("n1", 1.0), ("n2", 0.5)]
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(InvalidField, match="clock_offset_s"):
+            await backend.ledger.nodes_heartbeat(
+                NodesHeartbeat("n1", "eu", ttl_s=60, clock_offset_s=bad)
+            )
+    assert [n.clock_offset_s for n in await backend.ledger.nodes_live()] == [1.0, 0.5]

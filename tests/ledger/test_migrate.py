@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
+import asyncpg
 import pytest
 import trio
 
@@ -26,6 +27,7 @@ from engine.ledger.postgres import (
     read_migration_status,
 )
 from engine.ledger.postgres.migrate import known_migrations, latest_version
+from engine.ledger.postgres.sql import MIGRATION_RECORD, MIGRATIONS_TABLE_CREATE
 from tests.ledger.backends import run_sql, sql
 
 pytestmark = pytest.mark.postgres
@@ -83,6 +85,67 @@ async def test_running_again_changes_nothing(fresh_url: str) -> None:
     for report in (again, same):
         assert (report.applied, report.partition_count, report.partitions_created) == ([], 8, 0)
     assert len(await lease_rows(fresh_url)) == 8
+
+
+async def apply_by_hand(url: str, up_to: int) -> None:
+    """Bring an empty database to schema version ``up_to`` as an older Carillon would have."""
+
+    async def run() -> None:
+        connection = await asyncpg.connect(url)
+        try:
+            await connection.execute(MIGRATIONS_TABLE_CREATE)
+            for migration in known_migrations()[:up_to]:
+                async with connection.transaction():
+                    await connection.execute(migration.sql)
+                    await connection.execute(
+                        MIGRATION_RECORD,
+                        migration.version,
+                        migration.name,
+                        migration.checksum,
+                    )
+        finally:
+            await connection.close()
+
+    await trio.to_thread.run_sync(asyncio.run, run())
+
+
+async def test_version_4_keeps_the_data_of_a_version_3_database(fresh_url: str) -> None:
+    await apply_by_hand(fresh_url, 3)
+    await sql(
+        fresh_url,
+        "INSERT INTO tenants (tenant_id, weight, updated_at, version) VALUES ('acme', 2, now(), 1)",
+    )
+    await sql(
+        fresh_url,
+        "INSERT INTO schedule_changes (schedule_id, partition_id, kind, version) "
+        "VALUES ('s', 0, 'deleted', 3)",
+    )
+    await sql(
+        fresh_url,
+        "INSERT INTO nodes (node_id, region, started_at, last_seen_at, expires_at) "
+        "VALUES ('n1', 'eu', now(), now(), now())",
+    )
+
+    report = await migrate_database(fresh_url, partitions=4)
+
+    assert [m.name for m in report.applied] == ["api"]
+    tenant = await sql(fresh_url, "SELECT weight, schedules_max FROM tenants")
+    assert [(row[0], row[1]) for row in tenant] == [(2, None)]
+    node = await sql(fresh_url, "SELECT node_id, clock_offset_s FROM nodes")
+    assert [(row[0], row[1]) for row in node] == [("n1", None)]
+    await sql(
+        fresh_url,
+        "INSERT INTO schedule_changes (schedule_id, partition_id, kind, version) "
+        "VALUES ('s', 0, 'executions_added', 3)",
+    )
+    kinds = await sql(fresh_url, "SELECT kind FROM schedule_changes ORDER BY seq")
+    assert [row[0] for row in kinds] == ["deleted", "executions_added"]
+    with pytest.raises(asyncpg.CheckViolationError, match="schedule_changes_kind_check"):
+        await sql(
+            fresh_url,
+            "INSERT INTO schedule_changes (schedule_id, partition_id, kind, version) "
+            "VALUES ('s', 0, 'renamed', 4)",
+        )
 
 
 async def test_a_single_partition_cluster_is_allowed(fresh_url: str) -> None:

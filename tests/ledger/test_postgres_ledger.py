@@ -19,10 +19,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import asyncpg
+import msgspec
 import pytest
 import trio
 
-from engine.errors import LedgerUnavailable, VersionConflict
+from engine.errors import LedgerUnavailable, QuotaExceeded, VersionConflict
 from engine.ledger.base import (
     Completion,
     DeadLettersReplay,
@@ -30,6 +31,7 @@ from engine.ledger.base import (
     ExecutionsComplete,
     ExecutionsPlan,
     ExecutionsQuery,
+    ExecutionsTrigger,
     Fence,
     LeasesAcquire,
     LeasesRenew,
@@ -41,13 +43,14 @@ from engine.ledger.base import (
     SchedulesDelete,
     SchedulesUpdate,
     TaskTypesPut,
+    TenantsPut,
 )
 from engine.ledger.bridge import DatabaseBridge
 from engine.ledger.database import url_with_database
 from engine.ledger.postgres import PostgresLedger, migrate_database, open_postgres_ledger
 from engine.ledger.postgres.caps import cap_lock_key
-from engine.ledger.postgres.sql import CAP_LOCK_SPACE
-from engine.model import ExecutionStatus, HandlerKind, Schedule, TaskType, execution_id
+from engine.ledger.postgres.sql import AUDIT_LOCK_KEY, CAP_LOCK_SPACE
+from engine.model import ExecutionStatus, HandlerKind, Schedule, TaskType, Tenant, execution_id
 from tests.ledger.backends import ids_in_partition, put_noop_task_type, schedule, sql
 
 pytestmark = pytest.mark.postgres
@@ -483,6 +486,123 @@ async def test_the_audit_trail_refuses_updates_and_deletes(url: str) -> None:
             await sql(url, statement)
     rows = await sql(url, "SELECT actor, target FROM audit_events")
     assert [(row[0], row[1]) for row in rows] == [("ops", "x")]
+
+
+# --- schedule quota ---------------------------------------------------------------------------
+
+
+async def test_creates_queued_on_a_tenant_row_cannot_pass_its_quota_together(
+    url: str, bridge: DatabaseBridge
+) -> None:
+    async with open_postgres_ledger(url, pool_max=4) as ledger:
+        await ledger.tenants_put(TenantsPut(Tenant(tenant_id="acme", schedules_max=3)))
+        outcomes: list[str] = []
+
+        async def create(prefix: str) -> None:
+            batch = [schedule(f"{prefix}-{n}") for n in range(2)]
+            try:
+                await ledger.schedules_create(SchedulesCreate(batch))
+                outcomes.append("created")
+            except QuotaExceeded:
+                outcomes.append("refused")
+
+        # Each create alone fits (0 + 2 <= 3); both together would not.
+        lock = "SELECT 1 FROM tenants WHERE tenant_id = 'acme' FOR UPDATE"
+        async with trio.open_nursery() as nursery, holding_lock(bridge, url, lock):
+            nursery.start_soon(create, "x")
+            nursery.start_soon(create, "y")
+            await wait_for_lock_waiters(url, 2)  # both wait; neither has counted yet
+        assert sorted(outcomes) == ["created", "refused"]
+        assert await ledger.schedules_count("acme") == 2
+
+
+async def test_racing_creates_fill_a_quota_exactly(url: str) -> None:
+    async with open_postgres_ledger(url, pool_max=8) as ledger:
+        await ledger.tenants_put(TenantsPut(Tenant(tenant_id="acme", schedules_max=7)))
+        refused: list[str] = []
+
+        async def create(sid: str) -> None:
+            try:
+                await ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+            except QuotaExceeded:
+                refused.append(sid)
+
+        async with trio.open_nursery() as nursery:
+            for n in range(20):
+                nursery.start_soon(create, f"race-{n}")
+        assert len(refused) == 13
+        assert await ledger.schedules_count("acme") == 7
+
+
+# --- pausing and operator-added executions ------------------------------------------------------
+
+
+async def test_fires_of_a_plan_committed_first_are_skipped_by_the_waiting_pause(
+    url: str, bridge: DatabaseBridge
+) -> None:
+    [sid] = ids_in_partition(5, 1)
+    async with open_postgres_ledger(url) as ledger:
+        [created] = await ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+        fence = await own(ledger, 5)
+        at = (await ledger.database_now()).replace(microsecond=0) + timedelta(minutes=1)
+        plan = ExecutionsPlan(fence, [PlannedExecution(sid, "acme", "noop", at)], [], at)
+        results = []
+
+        async def planner() -> None:
+            results.append(await ledger.executions_plan(plan))
+
+        async def pauser() -> None:
+            paused = msgspec.structs.replace(created, enabled=False)
+            await ledger.schedules_update(SchedulesUpdate(paused, created.version))
+
+        # The plan stops at its checkpoint (locked outside) holding the schedule row; the
+        # pause then queues behind it, and skips what it inserted.
+        lock = "SELECT 1 FROM planner_checkpoints WHERE partition_id = 5 FOR UPDATE"
+        await ledger.executions_plan(ExecutionsPlan(fence, [], [], at - timedelta(hours=1)))
+        async with trio.open_nursery() as nursery, holding_lock(bridge, url, lock):
+            nursery.start_soon(planner)
+            await wait_for_lock_waiters(url, 1)
+            nursery.start_soon(pauser)
+            await wait_for_lock_waiters(url, 2)
+
+        [result] = results
+        assert result.inserted == [execution_id(sid, at)]
+        detail = await ledger.executions_get(execution_id(sid, at))
+        assert (detail.execution.status, detail.execution.error_code) == (
+            ExecutionStatus.SKIPPED,
+            "schedule_paused",
+        )
+
+
+async def test_a_delete_waiting_on_a_trigger_skips_what_it_added(
+    url: str, bridge: DatabaseBridge
+) -> None:
+    [sid] = ids_in_partition(2, 1)
+    async with open_postgres_ledger(url) as ledger:
+        await ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+        triggered = []
+
+        async def trigger() -> None:
+            triggered.append(await ledger.executions_trigger(ExecutionsTrigger(sid, "ops")))
+
+        # The trigger stops at the audit lock (held outside), holding the schedule row
+        # share-locked with its execution inserted; the delete queues behind it.
+        audit_lock = "SELECT pg_advisory_xact_lock($1)"
+        async with (
+            trio.open_nursery() as nursery,
+            holding_lock(bridge, url, audit_lock, AUDIT_LOCK_KEY),
+        ):
+            nursery.start_soon(trigger)
+            await wait_for_lock_waiters(url, 1)
+            nursery.start_soon(ledger.schedules_delete, SchedulesDelete(sid))
+            await wait_for_lock_waiters(url, 2)
+
+        [execution] = triggered
+        detail = await ledger.executions_get(execution.execution_id)
+        assert (detail.execution.status, detail.execution.error_code) == (
+            ExecutionStatus.SKIPPED,
+            "schedule_deleted",
+        )
 
 
 # --- availability -----------------------------------------------------------------------------

@@ -89,6 +89,7 @@ async def tenants_put(store: Store, params: TenantsPut) -> Tenant:
             tenant.rate_per_s,
             tenant.burst,
             params.expected_version,
+            tenant.schedules_max,
         )
         if row is None:
             current = await connection.fetchval(sql.TENANT_VERSION, tenant.tenant_id)

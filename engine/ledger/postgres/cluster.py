@@ -18,6 +18,9 @@ from engine.ledger.base import (
     NodeInfo,
     NodesHeartbeat,
 )
+from engine.ledger.common import (
+    check_clock_offset,
+)
 from engine.ledger.postgres import sql
 from engine.ledger.postgres.rows import (
     check_duration,
@@ -92,8 +95,11 @@ async def leases_list(store: Store, _: None) -> list[Lease]:
 async def nodes_heartbeat(store: Store, params: NodesHeartbeat) -> NodeInfo:
     check_not_empty(params.node_id, field="node_id")
     ttl_s = check_duration(params.ttl_s, field="ttl_s")
+    offset_s = check_clock_offset(params.clock_offset_s)
     async with store.connection(control=True) as connection:
-        row = await connection.fetchrow(sql.NODES_HEARTBEAT, params.node_id, params.region, ttl_s)
+        row = await connection.fetchrow(
+            sql.NODES_HEARTBEAT, params.node_id, params.region, ttl_s, offset_s
+        )
     return node_from_row(row)
 
 

@@ -409,6 +409,11 @@ def _execution_cursor(cursor: str | None) -> tuple[Any, str] | None:
     if cursor is None:
         return None
     parts = decode_cursor(cursor)
-    if len(parts) != 2 or not all(isinstance(part, str) for part in parts):
+    # A forged cursor must not reach SQL with a NUL (text cannot hold one) or an instant
+    # outside the datetime range once in UTC.
+    if len(parts) != 2 or not all(isinstance(part, str) and "\x00" not in part for part in parts):
         raise InvalidField("the pagination cursor is malformed")
-    return parse_instant(parts[0], field="cursor"), parts[1]
+    try:
+        return parse_instant(parts[0], field="cursor"), parts[1]
+    except OverflowError:
+        raise InvalidField("the pagination cursor is malformed") from None

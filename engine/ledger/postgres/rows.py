@@ -18,8 +18,9 @@ import asyncpg
 
 from engine.core.dst import DstGap, DstOverlap
 from engine.errors import InvalidField
-from engine.ledger.base import Attempt, ChangeKind, NodeInfo, ScheduleChange
+from engine.ledger.base import Attempt, ChangeKind, NodeInfo, ScheduleChange, ScheduleGroup
 from engine.model import (
+    ApiToken,
     AuditEvent,
     CatchUpPolicy,
     Execution,
@@ -139,6 +140,7 @@ def node_from_row(row: Row) -> NodeInfo:
         started_at=row["started_at"],
         last_seen_at=row["last_seen_at"],
         expires_at=row["expires_at"],
+        clock_offset_s=row["clock_offset_s"],
     )
 
 
@@ -177,6 +179,7 @@ def tenant_from_row(row: Row) -> Tenant:
         concurrency_quota=row["concurrency_quota"],
         rate_per_s=row["rate_per_s"],
         burst=row["burst"],
+        schedules_max=row["schedules_max"],
         updated_at=row["updated_at"],
         version=row["version"],
     )
@@ -190,6 +193,29 @@ def audit_event_from_row(row: Row) -> AuditEvent:
         action=row["action"],
         target=row["target"],
         details=row["details"],
+    )
+
+
+def token_from_row(row: Row) -> ApiToken:
+    return ApiToken(
+        token_id=row["token_id"],
+        scope=row["scope"],
+        description=row["description"],
+        created_at=row["created_at"],
+        revoked_at=row["revoked_at"],
+    )
+
+
+def group_from_row(row: Row) -> ScheduleGroup:
+    return ScheduleGroup(
+        cron_expr=row["cron_expr"],
+        timezone=row["timezone"],
+        dst_gap=_DST_GAP[row["dst_gap"]],
+        dst_overlap=_DST_OVERLAP[row["dst_overlap"]],
+        tenant_id=row["tenant_id"],
+        task_type=row["task_type"],
+        count=row["count"],
+        sample_schedule_id=row["sample_schedule_id"],
     )
 
 

@@ -1,18 +1,23 @@
 """Schedule operations and the change feed (asyncio side; one coroutine per ledger method).
 
 Every schedule write ends the same way, in its own transaction: take the change-feed
-advisory lock, append its changes, NOTIFY (:func:`_append_changes`). The lock is held until
+advisory lock, append its changes, NOTIFY (:func:`append_changes`; an operator's trigger
+and backfill end so too, :mod:`~engine.ledger.postgres.api`). The lock is held until
 commit, so the next writer draws its ``seq`` only once this commit is visible: ``seq``
 order is commit order, and a reader may keep the last ``seq`` it saw as a watermark.
 Taking the lock last keeps the serialized section to one statement plus the commit.
 
 Every create or update first key-share-locks the task types its schedules name
 (:func:`_lock_task_types`): an unknown one is refused by name, and a known one cannot be
-deleted until this transaction ends.
+deleted until this transaction ends. A create then locks the rows of its tenants that have
+a schedule quota and counts their schedules (:func:`_require_quotas`), so that concurrent
+creates cannot take a tenant past its quota together. An update that disables a schedule
+locks its row first and skips its pending executions (pausing), like a delete.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, NoReturn
 
 import asyncpg
@@ -22,6 +27,10 @@ from engine.errors import AlreadyExists, InvalidField, NotFound, VersionConflict
 from engine.ledger.base import (
     BATCH_ROWS_MAX,
     PAGE_SIZE_MAX,
+    SCHEDULE_DELETED,
+    SCHEDULE_DELETED_MESSAGE,
+    SCHEDULE_PAUSED,
+    SCHEDULE_PAUSED_MESSAGE,
     ChangeKind,
     Page,
     ScheduleChange,
@@ -34,7 +43,10 @@ from engine.ledger.base import (
     encode_cursor,
     unknown_task_types,
 )
-from engine.ledger.postgres import sql
+from engine.ledger.common import (
+    quota_exceeded,
+)
+from engine.ledger.postgres import sql, sql_api
 from engine.ledger.postgres.rows import (
     aware_or_none,
     change_from_row,
@@ -63,11 +75,12 @@ async def schedules_create(store: Store, params: SchedulesCreate) -> list[Schedu
         existing = await connection.fetch(sql.SCHEDULES_LIVE_IDS, ids)
         if existing:
             _raise_exists([row["schedule_id"] for row in existing])
+        await _require_quotas(connection, schedules)
         rows = await connection.fetch(sql.SCHEDULES_INSERT, *_columns(schedules, partitions))
         created = {row["schedule_id"]: schedule_from_row(row) for row in rows}
         if len(created) < len(ids):  # a concurrent create of the same id committed first
             _raise_exists(sorted(set(ids) - created.keys()))
-        await _append_changes(
+        await append_changes(
             connection,
             ids,
             partitions,
@@ -82,6 +95,11 @@ async def schedules_update(store: Store, params: SchedulesUpdate) -> Schedule:
     _check_schedule(schedule)
     async with store.transaction() as connection:
         await _lock_task_types(connection, [schedule])
+        pausing = False
+        if not schedule.enabled:
+            # Whether this pauses it, read under the row lock the update then holds.
+            current = await connection.fetchrow(sql.SCHEDULE_GET_FOR_UPDATE, schedule.schedule_id)
+            pausing = current is not None and current["enabled"]
         row = await connection.fetchrow(
             sql.SCHEDULE_UPDATE,
             schedule.schedule_id,
@@ -97,7 +115,14 @@ async def schedules_update(store: Store, params: SchedulesUpdate) -> Schedule:
                 f"not {params.expected_version}: someone else updated it; re-read and retry"
             )
         updated = schedule_from_row(row)
-        await _append_changes(
+        if pausing:
+            await connection.execute(
+                sql.EXECUTIONS_SKIP_PENDING,
+                updated.schedule_id,
+                SCHEDULE_PAUSED,
+                SCHEDULE_PAUSED_MESSAGE,
+            )
+        await append_changes(
             connection,
             [updated.schedule_id],
             [row["partition_id"]],
@@ -122,8 +147,13 @@ async def schedules_delete(store: Store, params: SchedulesDelete) -> Schedule:
         # Order matters: the schedule is marked deleted first, and pending executions are
         # skipped by a later statement that sees everything planned before (sql.py).
         await connection.execute(sql.SCHEDULE_SOFT_DELETE, params.schedule_id)
-        await connection.execute(sql.EXECUTIONS_SKIP_PENDING, params.schedule_id)
-        await _append_changes(
+        await connection.execute(
+            sql.EXECUTIONS_SKIP_PENDING,
+            params.schedule_id,
+            SCHEDULE_DELETED,
+            SCHEDULE_DELETED_MESSAGE,
+        )
+        await append_changes(
             connection,
             [deleted.schedule_id],
             [row["partition_id"]],
@@ -191,7 +221,7 @@ async def schedule_changes_head(store: Store, _: None) -> int:
 # --- helpers ---------------------------------------------------------------------------------
 
 
-async def _append_changes(
+async def append_changes(
     connection: asyncpg.Connection,
     schedule_ids: list[str],
     partition_ids: list[int],
@@ -202,6 +232,23 @@ async def _append_changes(
     await connection.fetchrow(
         sql.CHANGES_APPEND, schedule_ids, partition_ids, [str(k) for k in kinds], versions
     )
+
+
+async def _require_quotas(connection: asyncpg.Connection, schedules: list[Schedule]) -> None:
+    """Lock the rows of the schedules' tenants that have a quota (sql_api.TENANT_QUOTAS_LOCK)
+    and raise ``QuotaExceeded`` for the first, by id, that the schedules -- all new -- would
+    take past it."""
+    asked = Counter(schedule.tenant_id for schedule in schedules)
+    quotas = await connection.fetch(sql_api.TENANT_QUOTAS_LOCK, sorted(asked))
+    if not quotas:
+        return
+    limits = {row["tenant_id"]: row["schedules_max"] for row in quotas}
+    rows = await connection.fetch(sql_api.SCHEDULES_COUNT_BY_TENANT, list(limits))
+    counts = {row["tenant_id"]: row["count"] for row in rows}
+    for tenant_id in sorted(limits):
+        count = counts.get(tenant_id, 0)
+        if count + asked[tenant_id] > limits[tenant_id]:
+            raise quota_exceeded(tenant_id, limits[tenant_id], count, asked[tenant_id])
 
 
 async def _lock_task_types(connection: asyncpg.Connection, schedules: list[Schedule]) -> None:
@@ -256,6 +303,6 @@ def _schedule_cursor(cursor: str | None) -> str | None:
     if cursor is None:
         return None
     parts = decode_cursor(cursor)
-    if len(parts) != 1 or not isinstance(parts[0], str):
+    if len(parts) != 1 or not isinstance(parts[0], str) or "\x00" in parts[0]:
         raise InvalidField("the pagination cursor is malformed")
     return parts[0]

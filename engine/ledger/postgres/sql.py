@@ -33,6 +33,7 @@ from engine.ledger.postgres.sql_columns import (
     SCHEDULE_COLUMNS,
     TASK_TYPE_COLUMNS,
     TENANT_COLUMNS,
+    TOKEN_COLUMNS,
     prefixed,
 )
 
@@ -116,17 +117,20 @@ TASK_TYPE_DELETE: Final = f"DELETE FROM task_types WHERE name = $1 RETURNING {TA
 TENANT_PUT: Final = f"""
 WITH current AS (SELECT version FROM tenants WHERE tenant_id = $1 FOR NO KEY UPDATE)
 INSERT INTO tenants AS t (
-    tenant_id, weight, concurrency_quota, rate_per_s, burst, updated_at, version)
-SELECT $1::text, $2::integer, $3::integer, $4::double precision, $5::integer, now(), 1
+    tenant_id, weight, concurrency_quota, rate_per_s, burst, schedules_max, updated_at,
+    version)
+SELECT $1::text, $2::integer, $3::integer, $4::double precision, $5::integer, $7::integer,
+       now(), 1
 WHERE $6::bigint IS NULL OR $6::bigint = coalesce((SELECT version FROM current), 0)
 ON CONFLICT (tenant_id) DO UPDATE SET
     weight = EXCLUDED.weight, concurrency_quota = EXCLUDED.concurrency_quota,
     rate_per_s = EXCLUDED.rate_per_s, burst = EXCLUDED.burst,
-    updated_at = now(), version = t.version + 1
+    schedules_max = EXCLUDED.schedules_max, updated_at = now(), version = t.version + 1
 WHERE $6::bigint IS NULL OR t.version = $6::bigint
 RETURNING {prefixed(TENANT_COLUMNS, "t")}
 """
-"""As :data:`TASK_TYPE_PUT`, with the expected version in ``$6``."""
+"""As :data:`TASK_TYPE_PUT`, with the expected version in ``$6`` and the schedule quota in
+``$7``."""
 
 TENANT_VERSION: Final = "SELECT version FROM tenants WHERE tenant_id = $1"
 
@@ -194,14 +198,16 @@ SCHEDULE_SOFT_DELETE: Final = "UPDATE schedules SET deleted_at = now() WHERE sch
 
 EXECUTIONS_SKIP_PENDING: Final = """
 UPDATE executions
-SET status = 'skipped', error_code = 'schedule_deleted',
-    error_message = 'the schedule was deleted before this execution started',
-    finished_at = now(), not_before = NULL
+SET status = 'skipped', error_code = $2, error_message = $3, finished_at = now(),
+    not_before = NULL
 WHERE schedule_id = $1 AND status IN ('queued', 'failed')
 """
-"""Run as a *later statement* than :data:`SCHEDULE_SOFT_DELETE` of the same transaction:
-under READ COMMITTED it sees every execution a planner committed while holding the
-schedule row, and a planner that comes later no longer finds the schedule live."""
+"""Skip the executions of schedule ``$1`` that have not started, with the reason ``$2``
+(``schedule_deleted`` or ``schedule_paused``) and message ``$3``. Run as a *later
+statement* than the delete (:data:`SCHEDULE_SOFT_DELETE`) or the pausing update of the
+same transaction, which holds the schedule row: under READ COMMITTED it sees every
+execution a planner committed while holding the row, and a planner that comes later finds
+the schedule deleted or disabled."""
 
 CHANGES_LOCK: Final = f"SELECT pg_advisory_xact_lock({CHANGES_LOCK_KEY})"
 """Taken right before :data:`CHANGES_APPEND`, held until commit: the next writer draws its
@@ -276,13 +282,14 @@ RETURNING l.partition_id
 LEASES_LIST: Final = f"SELECT {LEASE_COLUMNS} FROM partition_leases ORDER BY partition_id"
 
 NODES_HEARTBEAT: Final = f"""
-INSERT INTO nodes AS n (node_id, region, started_at, last_seen_at, expires_at)
-VALUES ($1, $2, now(), now(), now() + make_interval(secs => $3))
+INSERT INTO nodes AS n (node_id, region, started_at, last_seen_at, expires_at, clock_offset_s)
+VALUES ($1, $2, now(), now(), now() + make_interval(secs => $3), $4)
 ON CONFLICT (node_id) DO UPDATE SET
     region = EXCLUDED.region,
     started_at = CASE WHEN n.expires_at > now() THEN n.started_at ELSE now() END,
     last_seen_at = EXCLUDED.last_seen_at,
-    expires_at = EXCLUDED.expires_at
+    expires_at = EXCLUDED.expires_at,
+    clock_offset_s = EXCLUDED.clock_offset_s
 RETURNING {NODE_COLUMNS}
 """
 """A node whose row had expired was judged dead: its next heartbeat is a rejoin."""
@@ -307,13 +314,13 @@ SET last_evaluated_at = greatest(c.last_evaluated_at, EXCLUDED.last_evaluated_at
 
 SCHEDULES_LOCK_LIVE: Final = """
 SELECT schedule_id FROM schedules
-WHERE schedule_id = ANY($1::text[]) AND deleted_at IS NULL
+WHERE schedule_id = ANY($1::text[]) AND deleted_at IS NULL AND enabled
 ORDER BY schedule_id
 FOR SHARE
 """
-"""Share-lock the live schedules a plan names, until commit. A concurrent delete waits for
-the plan (and then skips what it inserted); a plan that waited for a delete re-checks the
-row, finds it deleted, and inserts nothing for it."""
+"""Share-lock the live, enabled schedules a plan names, until commit. A concurrent delete or
+pause waits for the plan (and then skips what it inserted); a plan that waited for one
+re-checks the row, finds it deleted or disabled, and inserts nothing for it."""
 
 EXECUTIONS_INSERT_PLANNED: Final = """
 INSERT INTO executions (
@@ -526,5 +533,6 @@ __all__ = [  # re-exported: the shared column lists and keys
     "SCHEDULE_COLUMNS",
     "TASK_TYPE_COLUMNS",
     "TENANT_COLUMNS",
+    "TOKEN_COLUMNS",
     "prefixed",
 ]

@@ -43,10 +43,11 @@ TASK_TYPE_COLUMNS: Final = (
     "backoff_base_s, backoff_max_s, overlap, updated_at, version"
 )
 TENANT_COLUMNS: Final = (
-    "tenant_id, weight, concurrency_quota, rate_per_s, burst, updated_at, version"
+    "tenant_id, weight, concurrency_quota, rate_per_s, burst, schedules_max, updated_at, version"
 )
-NODE_COLUMNS: Final = "node_id, region, started_at, last_seen_at, expires_at"
+NODE_COLUMNS: Final = "node_id, region, started_at, last_seen_at, expires_at, clock_offset_s"
 AUDIT_COLUMNS: Final = "event_id, at, actor, action, target, details"
+TOKEN_COLUMNS: Final = "token_id, scope, description, created_at, revoked_at"
 
 
 def prefixed(columns: str, alias: str) -> str:

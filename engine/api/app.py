@@ -1,0 +1,177 @@
+"""The API application: the endpoint table, the shared context, and the open routes.
+
+:func:`create_app` builds a Starlette app from every module's ``ENDPOINTS`` plus the open
+routes (``/healthz``, ``/readyz``, ``/metrics``, ``/openapi.json``). It holds no state of
+its own beyond caches: any node answers any request the same way, because every read and
+write goes to the ledger.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+import msgspec
+import trio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from engine.api import problems, routes_admin, routes_executions, routes_schedules
+from engine.api.auth import Authenticator
+from engine.api.endpoint import (
+    Access,
+    Call,
+    Endpoint,
+    Raw,
+    Reply,
+    asgi_route,
+    problem_response,
+)
+from engine.api.schemas import Health
+from engine.errors import CarillonError
+from engine.ledger.base import Ledger
+
+READY_PROBE_TIMEOUT_S: Final = 2.0
+SCHEDULE_ID_PREFIX: Final = "sch_"
+ANONYMOUS_RATE_PER_S: Final = 5.0
+ANONYMOUS_BURST: Final = 20
+
+
+class ApiConfig(msgspec.Struct, frozen=True, kw_only=True):
+    bind: str = "127.0.0.1:8080"
+    """``HOST:PORT`` to listen on (port 0: any free port)."""
+    shutdown_grace_s: float = 5.0
+    """How long in-flight requests may finish after shutdown starts."""
+
+
+def _new_schedule_id() -> str:
+    return SCHEDULE_ID_PREFIX + secrets.token_hex(8)
+
+
+@dataclass
+class ApiContext:
+    """Everything a route may use. ``metrics`` renders the node's exposition."""
+
+    ledger: Ledger
+    auth: Authenticator
+    metrics_protected: bool = False
+    metrics: Callable[[str | None], tuple[bytes, str]] | None = None
+    new_id: Callable[[], str] = _new_schedule_id
+    stopping: bool = False
+    """Set when the node starts shutting down: ``/readyz`` turns 503 at once."""
+    openapi: bytes = b""
+    extra_checks: dict[str, Callable[[], str | None]] = field(default_factory=dict)
+    """Readiness checks: name -> ``None`` when fine, else what is wrong."""
+
+
+async def healthz(call: Call) -> Reply:
+    return Reply(Health("ok"))
+
+
+async def readyz(call: Call) -> Reply:
+    api: ApiContext = call.api
+    checks: dict[str, str] = {}
+    checks["node"] = "stopping" if api.stopping else "ok"
+    with trio.move_on_after(READY_PROBE_TIMEOUT_S) as scope:
+        try:
+            await api.ledger.cluster_get()
+            checks["database"] = "ok"
+        except CarillonError as exc:
+            checks["database"] = str(exc)
+    if scope.cancelled_caught:
+        checks["database"] = f"no answer within {READY_PROBE_TIMEOUT_S:g} s"
+    for name, check in api.extra_checks.items():
+        checks[name] = check() or "ok"
+    ready = all(value == "ok" for value in checks.values())
+    return Reply(Health("ready" if ready else "not ready", checks), 200 if ready else 503)
+
+
+async def metrics(call: Call) -> Reply:
+    api: ApiContext = call.api
+    if api.metrics is None:
+        raise problems.not_found("this process serves no metrics")
+    body, content_type = api.metrics(call.request.headers.get("accept"))
+    return Reply(Raw(body, content_type))
+
+
+async def openapi(call: Call) -> Reply:
+    api: ApiContext = call.api
+    return Reply(Raw(api.openapi, "application/json"))
+
+
+OPEN_ENDPOINTS: Final = (
+    Endpoint(
+        "GET",
+        "/healthz",
+        healthz,
+        "The process is alive",
+        access=Access.OPEN,
+        response=Health,
+        tag="operations",
+    ),
+    Endpoint(
+        "GET",
+        "/readyz",
+        readyz,
+        "Ready for traffic: database reachable, schema current, not shutting down",
+        access=Access.OPEN,
+        response=Health,
+        tag="operations",
+    ),
+    Endpoint(
+        "GET",
+        "/metrics",
+        metrics,
+        "Prometheus metrics of this node",
+        access=Access.METRICS,
+        tag="operations",
+    ),
+    Endpoint(
+        "GET",
+        "/openapi.json",
+        openapi,
+        "This API's OpenAPI 3.1 document",
+        access=Access.OPEN,
+        tag="operations",
+    ),
+)
+
+
+def endpoints() -> tuple[Endpoint, ...]:
+    """Every endpoint the API serves, in routing order."""
+    return (
+        *OPEN_ENDPOINTS,
+        *routes_schedules.ENDPOINTS,
+        *routes_executions.ENDPOINTS,
+        *routes_admin.ENDPOINTS,
+    )
+
+
+def create_app(context: ApiContext) -> Starlette:
+    from engine.api.openapi import openapi_document
+
+    context.openapi = msgspec.json.encode(openapi_document(endpoints()))
+    return Starlette(
+        routes=[asgi_route(endpoint, context) for endpoint in endpoints()],
+        exception_handlers={HTTPException: _http_exception},  # 404/405 as problems
+    )
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    if status == 405:
+        problem = problems.Problem(
+            405,
+            "method-not-allowed",
+            "Method not allowed",
+            f"{request.method} is not allowed on {request.url.path}",
+        )
+    elif status == 404:
+        problem = problems.not_found(f"no route {request.url.path}; see /openapi.json")
+    else:
+        problem = problems.Problem(status, "http-error", "HTTP error", str(exc))
+    return problem_response(problem, request.url.path)

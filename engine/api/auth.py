@@ -1,0 +1,188 @@
+"""Bearer tokens: minting, checking, scopes and per-token request rates.
+
+A token reads ``crl_<token id>_<secret>``. The ledger keeps only its SHA-256 (a token carries
+192 random bits, so a fast hash is safe: nobody brute-forces 2**192), looked up by an index,
+so checking a token compares no secret in Python and leaks nothing through timing. The
+embedded token id is for people (logs, ``carillon token revoke``); it is never trusted --
+only the hash of the whole token is.
+
+Scopes: ``admin`` sees and changes everything; ``tenant:<id>`` sees and changes only that
+tenant's schedules, executions and dead letters, and gets 404 for anything else, exactly as
+if it did not exist, so a tenant cannot probe another's ids.
+
+Bounds: lookups are cached for :data:`TOKEN_CACHE_TTL_S` (a revoked token stops working
+within that), at most :data:`TOKEN_CACHE_ENTRIES` entries; each token has its own request
+rate (:class:`~engine.core.token_bucket.TokenBucket`), and so does each client address that
+presents no valid token, so forged tokens cannot hammer the database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Final
+
+import msgspec
+
+from engine.api.problems import Problem, forbidden, not_found, rate_limited, unauthorized
+from engine.core.token_bucket import TokenBucket
+from engine.errors import NotFound
+from engine.ledger.base import Ledger
+from engine.model import ApiToken
+
+TOKEN_PREFIX: Final = "crl_"
+TOKEN_ID_HEX: Final = 12
+TOKEN_SECRET_BYTES: Final = 24
+TOKEN_LENGTH_MAX: Final = 256
+TOKEN_CACHE_TTL_S: Final = 5.0
+TOKEN_CACHE_ENTRIES: Final = 10_000
+RATE_BUCKETS_MAX: Final = 10_000
+ADMIN_SCOPE: Final = "admin"
+TENANT_SCOPE_PREFIX: Final = "tenant:"
+
+
+class Principal(msgspec.Struct, frozen=True):
+    """Who is calling: a token's id and scope."""
+
+    token_id: str
+    scope: str
+
+    @property
+    def is_admin(self) -> bool:
+        return self.scope == ADMIN_SCOPE
+
+    @property
+    def tenant_id(self) -> str | None:
+        """The only tenant this principal may touch; ``None`` for an admin (every tenant)."""
+        if self.scope.startswith(TENANT_SCOPE_PREFIX):
+            return self.scope[len(TENANT_SCOPE_PREFIX) :]
+        return None
+
+    @property
+    def actor(self) -> str:
+        """How audited actions name this caller."""
+        return f"token:{self.token_id}"
+
+    def require_admin(self) -> None:
+        if not self.is_admin:
+            raise forbidden("this route needs an admin token")
+
+    def can_see(self, tenant_id: str) -> bool:
+        return self.is_admin or self.tenant_id == tenant_id
+
+    def check_tenant(self, tenant_id: str, what: str) -> None:
+        """Raise 404 for another tenant's record, as if it did not exist."""
+        if not self.can_see(tenant_id):
+            raise not_found(f"{what} not found")
+
+
+def new_token() -> tuple[str, str, bytes]:
+    """A fresh token: ``(token id, the token to show once, its hash to store)``."""
+    token_id = secrets.token_hex(TOKEN_ID_HEX // 2)
+    token = f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(TOKEN_SECRET_BYTES)}"
+    return token_id, token, hash_token(token)
+
+
+def hash_token(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+def scope_of(*, admin: bool, tenant_id: str | None) -> str:
+    if admin == (tenant_id is not None):
+        raise ValueError("a token is either admin or for one tenant")
+    return ADMIN_SCOPE if admin else TENANT_SCOPE_PREFIX + str(tenant_id)
+
+
+class RateLimiter:
+    """One token bucket per key (token id or client address), the least recently used
+    forgotten beyond :data:`RATE_BUCKETS_MAX` (a forgotten key starts with a full bucket)."""
+
+    def __init__(self, rate_per_s: float, burst: int, monotonic: Callable[[], float]) -> None:
+        self._rate_per_s = rate_per_s
+        self._burst = burst
+        self._monotonic = monotonic
+        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
+        self.refused = 0
+
+    def check(self, key: str) -> None:
+        """Take one request from ``key``'s bucket; 429 with ``Retry-After`` if it is empty."""
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = TokenBucket(self._rate_per_s, self._burst)
+            if len(self._buckets) > RATE_BUCKETS_MAX:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(key)
+        now_s = self._monotonic()
+        if not bucket.take(now_s):
+            self.refused += 1
+            raise rate_limited(max(1, int(bucket.wait_s(now_s) + 0.999)))
+
+
+class Authenticator:
+    """Turns an ``Authorization`` header into a :class:`Principal`, or a 401/429 problem."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        monotonic: Callable[[], float],
+        *,
+        token_rate_per_s: float,
+        token_burst: int,
+        anonymous_rate_per_s: float,
+        anonymous_burst: int,
+    ) -> None:
+        self._ledger = ledger
+        self._monotonic = monotonic
+        self._cache: OrderedDict[bytes, tuple[float, ApiToken | None]] = OrderedDict()
+        self.token_rates = RateLimiter(token_rate_per_s, token_burst, monotonic)
+        self.anonymous_rates = RateLimiter(anonymous_rate_per_s, anonymous_burst, monotonic)
+
+    async def authenticate(self, authorization: str | None, client: str) -> Principal:
+        """The caller, rate-limited; 401 for a missing, malformed, unknown or revoked token."""
+        try:
+            token = _bearer(authorization)
+            found = await self._lookup(hash_token(token))
+            if found is None:
+                raise unauthorized("the token is not valid")
+            if found.revoked_at is not None:
+                raise unauthorized("the token was revoked")
+        except Problem as problem:
+            if problem.status == 401:
+                self.anonymous_rates.check(client)
+            raise
+        self.token_rates.check(found.token_id)
+        return Principal(found.token_id, found.scope)
+
+    def forget(self) -> None:
+        """Drop cached lookups (after this node revoked a token, say)."""
+        self._cache.clear()
+
+    async def _lookup(self, token_hash: bytes) -> ApiToken | None:
+        now = self._monotonic()
+        cached = self._cache.get(token_hash)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        try:
+            token: ApiToken | None = await self._ledger.tokens_get_by_hash(token_hash)
+        except NotFound:
+            token = None
+        self._cache[token_hash] = (now + TOKEN_CACHE_TTL_S, token)
+        self._cache.move_to_end(token_hash)
+        if len(self._cache) > TOKEN_CACHE_ENTRIES:
+            self._cache.popitem(last=False)
+        return token
+
+
+def _bearer(authorization: str | None) -> str:
+    if not authorization:
+        raise unauthorized("send a token: Authorization: Bearer crl_...")
+    scheme, _, token = authorization.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise unauthorized("the Authorization header must be 'Bearer <token>'")
+    if len(token) > TOKEN_LENGTH_MAX or not token.startswith(TOKEN_PREFIX):
+        raise unauthorized("the token is not valid")
+    return token

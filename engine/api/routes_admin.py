@@ -1,0 +1,297 @@
+"""Admin routes: task types, tenants, the cluster's state, and the load forecast.
+
+Task types carry handler settings (webhook URLs and secrets), so only admin tokens read or
+write them. A tenant token may read its own tenant (its quota and how much of it is used),
+and ask for the forecast of its own schedules; everything else here is admin only.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Final
+
+import msgspec
+import trio
+
+from engine.api import problems
+from engine.api.endpoint import Access, Call, Endpoint, QueryParam, Reply
+from engine.api.schemas import (
+    ClusterView,
+    Forecast,
+    ForecastSeries,
+    NodeView,
+    PartitionView,
+    TaskTypeSpec,
+    TenantSpec,
+    TenantView,
+)
+from engine.core.load_forecast import Group, LoadForecast, forecast
+from engine.errors import NotFound
+from engine.ledger.base import ScheduleGroup, SchedulesCensus, TaskTypesPut, TenantsPut
+from engine.model import TaskType, Tenant, validate_identifier
+
+_BUCKETS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+FORECAST_DEFAULT: Final = timedelta(hours=24)
+_forecasts = trio.CapacityLimiter(1)
+"""One forecast computes at a time per process: it is CPU work in a worker thread."""
+
+
+async def list_task_types(call: Call) -> Reply:
+    return Reply(await call.api.ledger.task_types_list())
+
+
+async def get_task_type(call: Call) -> Reply:
+    return Reply(await call.api.ledger.task_types_get(call.path("name")))
+
+
+async def put_task_type(call: Call) -> Reply:
+    spec: TaskTypeSpec = call.body
+    name = validate_identifier(call.path("name"), kind="task type")
+    task_type = TaskType(name=name, **msgspec.structs.asdict(spec))
+    stored: TaskType = await call.api.ledger.task_types_put(TaskTypesPut(task_type))
+    return Reply(stored)
+
+
+async def delete_task_type(call: Call) -> Reply:
+    await call.api.ledger.task_types_delete(call.path("name"))
+    return Reply(None, 204)
+
+
+async def _tenant_view(call: Call, tenant_id: str) -> TenantView:
+    try:
+        tenant: Tenant = await call.api.ledger.tenants_get(tenant_id)
+    except NotFound:
+        tenant = Tenant(tenant_id=tenant_id, version=0)
+    count: int = await call.api.ledger.schedules_count(tenant_id)
+    return TenantView(
+        tenant.tenant_id,
+        tenant.weight,
+        tenant.concurrency_quota,
+        tenant.rate_per_s,
+        tenant.burst,
+        tenant.schedules_max,
+        count,
+        tenant.version,
+        tenant.updated_at,
+    )
+
+
+async def list_tenants(call: Call) -> Reply:
+    tenants: list[Tenant] = await call.api.ledger.tenants_list()
+    return Reply(tenants)
+
+
+async def get_tenant(call: Call) -> Reply:
+    tenant_id = validate_identifier(call.path("tenant_id"), kind="tenant id")
+    call.who.check_tenant(tenant_id, f"tenant {tenant_id!r}")
+    return Reply(await _tenant_view(call, tenant_id))
+
+
+async def put_tenant(call: Call) -> Reply:
+    spec: TenantSpec = call.body
+    tenant_id = validate_identifier(call.path("tenant_id"), kind="tenant id")
+    tenant = Tenant(tenant_id=tenant_id, **msgspec.structs.asdict(spec))
+    await call.api.ledger.tenants_put(TenantsPut(tenant))
+    return Reply(await _tenant_view(call, tenant_id))
+
+
+async def cluster(call: Call) -> Reply:
+    ledger = call.api.ledger
+    now: datetime = await ledger.database_now()
+    settings = await ledger.cluster_get()
+    leases = sorted(await ledger.leases_list(), key=lambda lease: lease.partition_id)
+    checkpoints = {
+        c.partition_id: c.last_evaluated_at
+        for c in await ledger.checkpoints_get(list(range(settings.partition_count)))
+    }
+    owned: dict[str, int] = {}
+    partitions = []
+    for lease in leases:
+        live = lease.owner_id is not None and (lease.expires_at or now) > now
+        owner = lease.owner_id if live else None
+        if owner is not None:
+            owned[owner] = owned.get(owner, 0) + 1
+        checkpoint = checkpoints.get(lease.partition_id)
+        ahead = None if checkpoint is None else (checkpoint - now).total_seconds()
+        partitions.append(
+            PartitionView(
+                lease.partition_id,
+                owner,
+                lease.fencing_token,
+                lease.expires_at,
+                checkpoint,
+                ahead,
+                None if ahead is None else max(0.0, -ahead),
+            )
+        )
+    nodes = [
+        NodeView(
+            n.node_id,
+            n.region,
+            n.started_at,
+            n.last_seen_at,
+            n.expires_at,
+            n.clock_offset_s,
+            owned.get(n.node_id, 0),
+        )
+        for n in sorted(await ledger.nodes_live(), key=lambda n: n.node_id)
+    ]
+    return Reply(
+        ClusterView(
+            now,
+            settings.partition_count,
+            settings.active_region,
+            settings.region_epoch,
+            nodes,
+            partitions,
+        )
+    )
+
+
+def _bucket_s(text: str | None) -> int:
+    if text is None:
+        return 60
+    unit = _BUCKETS.get(text[-1:])
+    number = text[:-1]
+    if (
+        unit is None
+        or not (number.isascii() and number.isdigit())
+        or not 1 <= int(number) <= 10_000
+    ):
+        raise problems.invalid("bucket must be a number and a unit s, m, h or d, such as 1m or 15m")
+    return int(number) * unit
+
+
+async def get_forecast(call: Call) -> Reply:
+    bucket_s = _bucket_s(call.query_str("bucket"))
+    now: datetime = await call.api.ledger.database_now()
+    start = call.query_instant("from") or now
+    end = call.query_instant("to") or start + FORECAST_DEFAULT
+    by = set((call.query_str("by") or "").split(",")) - {""}
+    if not by <= {"tenant", "task_type"}:
+        raise problems.invalid("by must be tenant, task_type or tenant,task_type")
+    tenant = call.who.tenant_id
+    census: list[ScheduleGroup] = await call.api.ledger.schedules_census(
+        SchedulesCensus(tenant_id=tenant)
+    )
+    groups = [Group(**msgspec.structs.asdict(g)) for g in census]
+    load: LoadForecast = await trio.to_thread.run_sync(
+        lambda: forecast(
+            groups,
+            start,
+            end,
+            bucket_s,
+            by_tenant="tenant" in by,
+            by_task_type="task_type" in by,
+        ),
+        limiter=_forecasts,
+    )
+    series = [
+        ForecastSeries(tenant_id, task_type, counts, sum(counts))
+        for (tenant_id, task_type), counts in sorted(
+            load.by_key.items(), key=lambda item: (-sum(item[1]), str(item[0]))
+        )
+    ]
+    return Reply(
+        Forecast(
+            start,
+            end,
+            bucket_s,
+            [start + timedelta(seconds=i * bucket_s) for i in range(load.buckets)],
+            load.total,
+            series,
+            load.approximated,
+        )
+    )
+
+
+_ADMIN = Access.ADMIN
+ENDPOINTS: Final = (
+    Endpoint(
+        "GET",
+        "/v1/task-types",
+        list_task_types,
+        "List task types",
+        access=_ADMIN,
+        response=list[TaskType],
+        tag="admin",
+    ),
+    Endpoint(
+        "GET",
+        "/v1/task-types/{name}",
+        get_task_type,
+        "Read a task type",
+        access=_ADMIN,
+        response=TaskType,
+        tag="admin",
+    ),
+    Endpoint(
+        "PUT",
+        "/v1/task-types/{name}",
+        put_task_type,
+        "Create or replace a task type",
+        access=_ADMIN,
+        body=TaskTypeSpec,
+        response=TaskType,
+        tag="admin",
+    ),
+    Endpoint(
+        "DELETE",
+        "/v1/task-types/{name}",
+        delete_task_type,
+        "Delete a task type no schedule uses",
+        access=_ADMIN,
+        status=204,
+        tag="admin",
+    ),
+    Endpoint(
+        "GET",
+        "/v1/tenants",
+        list_tenants,
+        "List tenants with settings of their own",
+        access=_ADMIN,
+        response=list[Tenant],
+        tag="admin",
+    ),
+    Endpoint(
+        "GET",
+        "/v1/tenants/{tenant_id}",
+        get_tenant,
+        "Read a tenant's settings and schedule count (a tenant token: its own)",
+        response=TenantView,
+        tag="admin",
+    ),
+    Endpoint(
+        "PUT",
+        "/v1/tenants/{tenant_id}",
+        put_tenant,
+        "Set a tenant's settings",
+        access=_ADMIN,
+        body=TenantSpec,
+        response=TenantView,
+        tag="admin",
+    ),
+    Endpoint(
+        "GET",
+        "/v1/cluster",
+        cluster,
+        "Nodes, partitions, owners, fencing tokens, lag",
+        access=_ADMIN,
+        response=ClusterView,
+        tag="admin",
+    ),
+    Endpoint(
+        "GET",
+        "/v1/forecast",
+        get_forecast,
+        "Executions due per time bucket (a tenant token: its own schedules)",
+        response=Forecast,
+        tag="admin",
+        query=(
+            QueryParam("from", "date-time", "start (default now)"),
+            QueryParam("to", "date-time", "end, at most 7 days after from (default +24h)"),
+            QueryParam("bucket", "string", "bucket size: 1m (default), 15m, 1h ..."),
+            QueryParam("by", "string", "tenant, task_type or tenant,task_type"),
+        ),
+    ),
+)

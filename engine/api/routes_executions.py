@@ -1,0 +1,183 @@
+"""``/v1/executions`` and ``/v1/dead-letters``: what ran, what failed for good, and replaying it.
+
+A tenant token sees only its own tenant's executions; another tenant's execution is a 404.
+Replays are audited with the token as the actor and the optional reason.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from engine.api import problems
+from engine.api.endpoint import Call, Endpoint, QueryParam, Reply, check_instant
+from engine.api.schemas import ReasonIn, ReplayFilter, ReplayResult
+from engine.ledger.base import (
+    PAGE_SIZE_MAX,
+    DeadLettersReplay,
+    ExecutionDetail,
+    ExecutionsQuery,
+    Page,
+)
+from engine.model import Execution, ExecutionStatus
+
+
+def _tenant_filter(call: Call) -> str | None:
+    asked = call.query_str("tenant_id")
+    own = call.who.tenant_id
+    if own is None:
+        return asked
+    if asked not in (None, own):
+        raise problems.not_found(f"tenant {asked!r} not found")
+    return own
+
+
+def _query(call: Call, status: ExecutionStatus | None) -> ExecutionsQuery:
+    return ExecutionsQuery(
+        schedule_id=call.query_str("schedule_id"),
+        tenant_id=_tenant_filter(call),
+        status=status,
+        planned_from=call.query_instant("planned_from"),
+        planned_to=call.query_instant("planned_to"),
+        task_type=call.query_str("task_type"),
+        cursor=call.query_str("cursor"),
+        limit=call.query_int("limit", 100, 1, PAGE_SIZE_MAX),
+    )
+
+
+async def _visible(call: Call, execution_id: str) -> ExecutionDetail:
+    detail: ExecutionDetail = await call.api.ledger.executions_get(execution_id)
+    call.who.check_tenant(detail.execution.tenant_id, f"execution {execution_id!r}")
+    return detail
+
+
+async def list_executions(call: Call) -> Reply:
+    status = call.query_enum("status", ExecutionStatus)
+    page: Page[Execution] = await call.api.ledger.executions_query(_query(call, status))
+    return Reply(page)
+
+
+async def get_execution(call: Call) -> Reply:
+    return Reply(await _visible(call, call.path("execution_id")))
+
+
+async def list_dead_letters(call: Call) -> Reply:
+    query = _query(call, ExecutionStatus.DEAD_LETTER)
+    page: Page[Execution] = await call.api.ledger.executions_query(query)
+    return Reply(page)
+
+
+async def replay_one(call: Call) -> Reply:
+    execution_id = call.path("execution_id")
+    detail = await _visible(call, execution_id)
+    if detail.execution.status is not ExecutionStatus.DEAD_LETTER:
+        raise problems.Problem(
+            409,
+            "not-a-dead-letter",
+            "The execution is not a dead letter",
+            f"execution {execution_id!r} is {detail.execution.status}; only dead letters "
+            "can be replayed",
+        )
+    body: ReasonIn = call.body
+    replayed = await call.api.ledger.dead_letters_replay(
+        DeadLettersReplay([execution_id], call.who.actor, body.reason)
+    )
+    return Reply(ReplayResult(replayed))
+
+
+async def replay_matching(call: Call) -> Reply:
+    body: ReplayFilter = call.body
+    for name, value in (("planned_from", body.planned_from), ("planned_to", body.planned_to)):
+        if value is not None:
+            check_instant(value, name)
+    own = call.who.tenant_id
+    tenant = body.tenant_id
+    if own is not None:
+        if tenant not in (None, own):
+            raise problems.not_found(f"tenant {tenant!r} not found")
+        tenant = own
+    ids: list[str] = []
+    cursor: str | None = None
+    while len(ids) < body.limit:
+        page: Page[Execution] = await call.api.ledger.executions_query(
+            ExecutionsQuery(
+                schedule_id=body.schedule_id,
+                tenant_id=tenant,
+                status=ExecutionStatus.DEAD_LETTER,
+                planned_from=body.planned_from,
+                planned_to=body.planned_to,
+                task_type=body.task_type,
+                cursor=cursor,
+                limit=min(PAGE_SIZE_MAX, body.limit - len(ids)),
+            )
+        )
+        ids.extend(execution.execution_id for execution in page.items)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    if not ids:
+        return Reply(ReplayResult([]))
+    replayed = await call.api.ledger.dead_letters_replay(
+        DeadLettersReplay(ids, call.who.actor, body.reason)
+    )
+    return Reply(ReplayResult(replayed))
+
+
+_FILTERS: Final = (
+    QueryParam("schedule_id", "string", "only this schedule's"),
+    QueryParam("tenant_id", "string", "only this tenant's (a tenant token: its own)"),
+    QueryParam("task_type", "string", "only this task type's"),
+    QueryParam("planned_from", "date-time", "planned at or after (RFC 3339)"),
+    QueryParam("planned_to", "date-time", "planned before (RFC 3339)"),
+    QueryParam("cursor", "string", "next_cursor of the previous page"),
+    QueryParam("limit", "integer", f"page size, 1..{PAGE_SIZE_MAX} (default 100)"),
+)
+_STATUS: Final = QueryParam(
+    "status", "string", "only executions in this status", tuple(s.value for s in ExecutionStatus)
+)
+
+ENDPOINTS: Final = (
+    Endpoint(
+        "GET",
+        "/v1/executions",
+        list_executions,
+        "List executions",
+        response=Page[Execution],
+        query=(*_FILTERS, _STATUS),
+        tag="executions",
+    ),
+    Endpoint(
+        "GET",
+        "/v1/executions/{execution_id}",
+        get_execution,
+        "Read an execution with its attempts",
+        response=ExecutionDetail,
+        tag="executions",
+    ),
+    Endpoint(
+        "GET",
+        "/v1/dead-letters",
+        list_dead_letters,
+        "List dead letters",
+        response=Page[Execution],
+        query=_FILTERS,
+        tag="dead-letters",
+    ),
+    Endpoint(
+        "POST",
+        "/v1/dead-letters:replay",
+        replay_matching,
+        "Replay the dead letters matching a filter",
+        body=ReplayFilter,
+        response=ReplayResult,
+        tag="dead-letters",
+    ),
+    Endpoint(
+        "POST",
+        "/v1/dead-letters/{execution_id}:replay",
+        replay_one,
+        "Replay one dead letter under its own id",
+        body=ReasonIn,
+        response=ReplayResult,
+        tag="dead-letters",
+    ),
+)

@@ -1,0 +1,83 @@
+"""The API server actor: hypercorn's trio worker serving the app inside the node's trio loop.
+
+It runs under the node's supervisor like any actor: ``run`` binds the socket, reports the
+bound addresses through ``task_status.started()`` and serves until cancelled. On shutdown it
+first marks the node not ready (``/readyz`` answers 503, so the load balancer stops sending
+new requests), then lets hypercorn finish in-flight requests for at most
+``shutdown_grace_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+
+from engine.api.app import ApiConfig, ApiContext, create_app
+from engine.errors import ConfigError
+
+log = logging.getLogger("carillon.api")
+
+
+class ApiStatistics(msgspec.Struct, frozen=True):
+    bound: list[str]
+    rate_limited: int
+
+
+class ApiServer:
+    def __init__(self, config: ApiConfig, context: ApiContext) -> None:
+        self.config = config
+        self.context = context
+        self.app = create_app(context)
+        self.bound: list[str] = []
+
+    async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+        stop = trio.Event()
+        config = Config()
+        config.bind = [self.config.bind]
+        config.graceful_timeout = self.config.shutdown_grace_s
+        config.accesslog = None
+        config.errorlog = log
+        self.context.stopping = False
+        drain = trio.CancelScope(shield=True)
+        async with trio.open_nursery() as nursery:
+            # The server runs shielded, so that cancelling this actor (the node shutting
+            # down) does not drop in-flight requests; the watcher below, unshielded, turns
+            # that cancellation into hypercorn's graceful shutdown, bounded by the grace.
+            nursery.start_soon(self._stop_when_cancelled, stop, drain)
+            with drain:
+                async with trio.open_nursery() as server:
+                    try:
+                        self.bound = await server.start(
+                            lambda task_status: serve(
+                                self.app,  # type: ignore[arg-type]
+                                config,
+                                shutdown_trigger=stop.wait,
+                                task_status=task_status,
+                            )
+                        )
+                    except OSError as exc:
+                        raise ConfigError(
+                            f"the API cannot listen on {self.config.bind}: {exc}"
+                        ) from exc
+                    log.info("API listening on %s", ", ".join(self.bound))
+                    task_status.started(self.bound)
+            nursery.cancel_scope.cancel()
+
+    async def _stop_when_cancelled(self, stop: trio.Event, drain: trio.CancelScope) -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            self.context.stopping = True
+            drain.deadline = trio.current_time() + self.config.shutdown_grace_s + 1.0
+            stop.set()
+
+    def statistics(self) -> ApiStatistics:
+        auth = self.context.auth
+        return ApiStatistics(
+            list(self.bound), auth.token_rates.refused + auth.anonymous_rates.refused
+        )

@@ -1,0 +1,217 @@
+"""What both ledger backends make the same way: cursors, audit details, the checks of the
+operator-facing calls' input, and the errors whose messages they share.
+
+Part of the contract of :mod:`engine.ledger.base` (which re-exports the cursors, the replay
+details, the task-type errors and the bounds): a backend that builds an audit event's
+details or a refusal's message calls these, so that the two backends agree to the
+character (the contract suite compares them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+import msgspec
+
+from engine.core.instants import format_utc
+from engine.errors import AlreadyExists, InvalidField, QuotaExceeded
+from engine.ledger.params import BATCH_ROWS_MAX, TOKEN_HASH_BYTES, ExecutionsBackfill
+from engine.model import ApiToken, execution_id
+
+# --- cursors ------------------------------------------------------------------------------
+
+
+def encode_cursor(*parts: Any) -> str:
+    """An opaque pagination cursor."""
+    return msgspec.json.encode(list(parts)).hex()
+
+
+def decode_cursor(cursor: str) -> list[Any]:
+    """The parts of a cursor made by :func:`encode_cursor`; ``InvalidField`` if forged."""
+    try:
+        parts = msgspec.json.decode(bytes.fromhex(cursor))
+    except (ValueError, msgspec.DecodeError):
+        raise InvalidField("the pagination cursor is malformed") from None
+    if not isinstance(parts, list):
+        raise InvalidField("the pagination cursor is malformed")
+    return parts
+
+
+# --- audit details --------------------------------------------------------------------------
+
+
+def replay_audit_details(
+    reason: str | None, attempt: int, error_code: str | None
+) -> dict[str, Any]:
+    """The ``details`` of a ``dead_letter.replay`` audit event."""
+    return {"reason": reason, "attempt": attempt, "error_code": error_code}
+
+
+def trigger_audit_details(schedule_id: str, reason: str | None) -> dict[str, Any]:
+    """The ``details`` of a ``schedule.trigger`` audit event."""
+    return {"schedule_id": schedule_id, "reason": reason}
+
+
+def backfill_audit_details(
+    inserted: int, instants: list[datetime], reason: str | None
+) -> dict[str, Any]:
+    """The ``details`` of a ``schedule.backfill`` audit event: how many executions were
+    inserted of the ``instants`` asked for, and the earliest and latest of those."""
+    return {
+        "inserted": inserted,
+        "requested": len(instants),
+        "first": format_utc(min(instants)),
+        "last": format_utc(max(instants)),
+        "reason": reason,
+    }
+
+
+def token_audit_details(token: ApiToken, *, created: bool) -> dict[str, Any]:
+    """The ``details`` of a ``token.create`` (``created``) or ``token.revoke`` event."""
+    if created:
+        return {"scope": token.scope, "description": token.description}
+    return {"scope": token.scope}
+
+
+# --- input checks -------------------------------------------------------------------------
+
+TRIGGER_ID_TRIES_MAX: Final = 1_000
+"""Instants a trigger tries, a microsecond apart, looking for a free execution id before it
+gives up (each taken one is a run already triggered or planned at that very microsecond)."""
+
+
+def trigger_instants(now: datetime) -> Iterator[datetime]:
+    """The instants a trigger at ledger time ``now`` may take, in order of preference: ``now``
+    and the microseconds after it, :data:`TRIGGER_ID_TRIES_MAX` of them, leaving out whole
+    seconds. Every cron fire is at a whole second, so a manual run never takes the id of a
+    fire the planner has yet to plan (which would then be lost to ``ON CONFLICT``)."""
+    at = now
+    tried = 0
+    while tried < TRIGGER_ID_TRIES_MAX:
+        if at.microsecond:
+            yield at
+            tried += 1
+        at += timedelta(microseconds=1)
+
+
+def check_token_hash(token_hash: bytes) -> bytes:
+    """``token_hash`` if it is :data:`TOKEN_HASH_BYTES` bytes (a SHA-256 digest)."""
+    if not isinstance(token_hash, bytes) or len(token_hash) != TOKEN_HASH_BYTES:
+        size = len(token_hash) if isinstance(token_hash, bytes) else type(token_hash).__name__
+        raise InvalidField(
+            f"a token hash is the {TOKEN_HASH_BYTES}-byte SHA-256 of the secret, got {size}"
+        )
+    return token_hash
+
+
+def check_clock_offset(offset_s: float | None) -> float | None:
+    """A node's reported clock offset: ``None`` or a finite number of seconds."""
+    if offset_s is None:
+        return None
+    if isinstance(offset_s, bool) or not isinstance(offset_s, int | float):
+        raise InvalidField(f"clock_offset_s must be a number of seconds, got {offset_s!r}")
+    if not math.isfinite(offset_s):
+        raise InvalidField(f"clock_offset_s must be a finite number of seconds, got {offset_s}")
+    return float(offset_s)
+
+
+def backfill_instants(params: ExecutionsBackfill) -> list[datetime]:
+    """The instants of a backfill in UTC, in the order given, each once; ``InvalidField``
+    for more than :data:`BATCH_ROWS_MAX` of them or a naive one. (Whether they are past is
+    judged by each backend against the ledger's clock: :func:`backfill_in_future`.)"""
+    if len(params.planned_at) > BATCH_ROWS_MAX:
+        raise InvalidField(
+            f"a backfill carries {len(params.planned_at)} instants; at most {BATCH_ROWS_MAX} "
+            "per call"
+        )
+    instants: dict[str, datetime] = {}
+    for instant in params.planned_at:
+        if instant.tzinfo is None or instant.utcoffset() is None:
+            raise InvalidField(f"backfill instant {instant.isoformat()} has no UTC offset")
+        utc = instant.astimezone(UTC)
+        instants.setdefault(execution_id(params.schedule_id, utc), utc)
+    return list(instants.values())
+
+
+def backfill_in_future(instants: list[datetime], now: datetime) -> InvalidField | None:
+    """The error for backfill instants later than the ledger's ``now``, or ``None``."""
+    later = [instant for instant in instants if instant > now]
+    if not later:
+        return None
+    return InvalidField(
+        f"backfill instant {format_utc(min(later))} is later than the ledger's clock "
+        f"({format_utc(now)}): only past fires can be backfilled, the planner makes the "
+        "future ones (nothing was added)"
+    )
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+IN_USE_SHOWN_MAX: Final = 5
+"""How many schedule ids a refused task-type delete names."""
+
+
+def unknown_task_types(names: list[str]) -> InvalidField:
+    """The error for schedules naming task types that do not exist (``names`` sorted)."""
+    if len(names) == 1:
+        return InvalidField(
+            f"unknown task type {names[0]!r}; create it with "
+            f"`carillon task-type set {names[0]} --kind ...`"
+        )
+    shown = ", ".join(repr(name) for name in names)
+    return InvalidField(
+        f"unknown task types {shown}; create each with `carillon task-type set NAME --kind ...`"
+    )
+
+
+def task_type_in_use(name: str, count: int, schedule_ids: list[str]) -> InvalidField:
+    """The error for deleting a task type that ``count`` live schedules still name
+    (``schedule_ids``: the first few, by id)."""
+    shown = ", ".join(schedule_ids[:IN_USE_SHOWN_MAX])
+    more = f" and {count - IN_USE_SHOWN_MAX} more" if count > IN_USE_SHOWN_MAX else ""
+    noun = "schedule" if count == 1 else "schedules"
+    return InvalidField(
+        f"task type {name!r} is still used by {count} {noun} ({shown}{more}); delete them or "
+        "move them to another task type first"
+    )
+
+
+def quota_exceeded(tenant_id: str, quota: int, count: int, requested: int) -> QuotaExceeded:
+    """The error for a create that would give ``tenant_id`` more than ``quota`` schedules:
+    it owns ``count`` live ones and the call asked for ``requested`` more."""
+    noun = "schedule" if count == 1 else "schedules"
+    return QuotaExceeded(
+        f"tenant {tenant_id!r} may own at most {quota} schedules: it owns {count} {noun} and "
+        f"{requested} more were asked for; delete schedules or raise its schedules_max first "
+        "(nothing was created)",
+        tenant_id=tenant_id,
+        quota=quota,
+        count=count,
+        requested=requested,
+    )
+
+
+def token_id_taken(token_id: str) -> AlreadyExists:
+    """The error for creating a token under an id that exists (revoked ones included)."""
+    return AlreadyExists(
+        f"token {token_id!r} exists already (ids of revoked tokens are not reused either)",
+        ids=(token_id,),
+    )
+
+
+def token_hash_taken() -> AlreadyExists:
+    """The error for creating a token whose secret another token has."""
+    return AlreadyExists(
+        "a token with this secret exists already; give every token a secret of its own"
+    )
+
+
+def trigger_ids_taken(schedule_id: str) -> AlreadyExists:
+    """The error for a trigger that found no free execution id near the ledger's now."""
+    return AlreadyExists(
+        f"schedule {schedule_id!r} has executions at each of the next {TRIGGER_ID_TRIES_MAX} "
+        "microseconds; try again"
+    )

@@ -1,0 +1,121 @@
+"""The statements of the HTTP API's ledger operations: API tokens, executions added by an
+operator (trigger, backfill), the per-tenant schedule quota and the schedule census (the
+coroutines are in :mod:`engine.ledger.postgres.api`; the quota check runs inside
+``schedules_create``, :mod:`engine.ledger.postgres.schedules`). The conventions of
+:mod:`engine.ledger.postgres.sql` hold here.
+
+Lock order. Trigger and backfill share-lock the schedule row first (a concurrent delete or
+pause then waits, and its later statement skips what they inserted; one of theirs that
+waited finds the schedule gone and inserts nothing), insert, and end with the two advisory
+locks held to commit: the audit trail's, then the change feed's. No other transaction takes
+both, so the order cannot deadlock. A create locks the quota'd tenant rows in key order,
+after the task types it names.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from engine.ledger.postgres.sql_columns import EXECUTION_COLUMNS, TOKEN_COLUMNS
+
+# --- API tokens (migrations/0004_api.sql) ------------------------------------------------
+
+TOKEN_INSERT: Final = f"""
+INSERT INTO api_tokens (token_id, token_hash, scope, description, created_at)
+VALUES ($1, $2, $3, $4, now())
+ON CONFLICT DO NOTHING
+RETURNING {TOKEN_COLUMNS}
+"""
+"""Store a token; nothing is returned if its id or its hash is taken (either unique key)."""
+
+TOKEN_ID_TAKEN: Final = "SELECT true FROM api_tokens WHERE token_id = $1"
+
+TOKEN_BY_HASH: Final = f"SELECT {TOKEN_COLUMNS} FROM api_tokens WHERE token_hash = $1"
+"""Authentication: one probe of the hash's unique index."""
+
+TOKENS_LIST: Final = f"SELECT {TOKEN_COLUMNS} FROM api_tokens ORDER BY token_id"
+
+TOKEN_GET: Final = f"SELECT {TOKEN_COLUMNS} FROM api_tokens WHERE token_id = $1"
+
+TOKEN_REVOKE: Final = f"""
+UPDATE api_tokens SET revoked_at = now() WHERE token_id = $1 AND revoked_at IS NULL
+RETURNING {TOKEN_COLUMNS}
+"""
+"""Revoke once: of two concurrent revocations the second waits for the row, finds it
+revoked, and returns nothing (then it reads the token and appends no event)."""
+
+# --- operator-added executions -----------------------------------------------------------
+
+SCHEDULE_LOCK_FOR_ADD: Final = """
+SELECT tenant_id, task_type, partition_id, version, clock_timestamp() AS now
+FROM schedules WHERE schedule_id = $1 AND deleted_at IS NULL
+FOR SHARE
+"""
+"""Share-lock a live schedule (enabled or not) that executions are added to, and read what
+they copy from it with the server's clock at that moment (``now``: a trigger's instant, the
+bound a backfill's instants must not pass)."""
+
+_INSERT_ADDED: Final = """
+INSERT INTO executions (
+    execution_id, schedule_id, tenant_id, task_type, partition_id, planned_at, status,
+    attempt, enqueued_at)
+SELECT u.execution_id, $3, $4, $5, $6, u.planned_at, 'queued', 0, now()
+FROM unnest($1::text[], $2::timestamptz[]) AS u (execution_id, planned_at)
+ON CONFLICT (execution_id) DO NOTHING
+"""
+
+EXECUTIONS_INSERT_ADDED: Final = _INSERT_ADDED + "RETURNING execution_id"
+"""Insert queued executions of schedule ``$3`` (tenant ``$4``, task type ``$5``, partition
+``$6``) at the instants ``$2`` under the ids ``$1``, written under no lease
+(``fencing_token`` NULL); ids that exist, in any status, are left alone and not returned.
+Their instants have passed, so ``startable_at`` (= ``planned_at``) puts them in the due
+index at once."""
+
+EXECUTION_INSERT_TRIGGERED: Final = _INSERT_ADDED + f"RETURNING {EXECUTION_COLUMNS}"
+""":data:`EXECUTIONS_INSERT_ADDED` for one id, returning the whole row (a trigger's reply)."""
+
+# --- schedule quota and census -----------------------------------------------------------
+
+TENANT_QUOTAS_LOCK: Final = """
+SELECT tenant_id, schedules_max FROM tenants
+WHERE tenant_id = ANY($1::text[]) AND schedules_max IS NOT NULL
+ORDER BY tenant_id
+FOR UPDATE
+"""
+"""Lock the rows of the tenants named by a create that have a quota, in key order, until
+commit: the creates of one such tenant run one at a time from here, and each counts in a
+later statement (:data:`SCHEDULES_COUNT_BY_TENANT`) that sees every schedule committed by
+the lock's previous holders -- so concurrent creates cannot pass the quota together.
+Tenants without a quota are not locked; one whose quota is set meanwhile is held to it
+from the next create on."""
+
+SCHEDULES_COUNT_BY_TENANT: Final = """
+SELECT tenant_id, count(*) AS count FROM schedules
+WHERE tenant_id = ANY($1::text[]) AND deleted_at IS NULL
+GROUP BY tenant_id
+"""
+"""Live schedules per tenant: an index-only range of schedules_tenant_live_idx each."""
+
+SCHEDULES_COUNT: Final = """
+SELECT count(*) FROM schedules WHERE tenant_id = $1 AND deleted_at IS NULL
+"""
+
+_CENSUS: Final = """
+SELECT cron_expr, timezone, dst_gap, dst_overlap, tenant_id, task_type, count(*) AS count,
+       min(schedule_id COLLATE "C") AS sample_schedule_id
+FROM schedules
+WHERE deleted_at IS NULL AND enabled {tenant}
+GROUP BY cron_expr, timezone, dst_gap, dst_overlap, tenant_id, task_type
+ORDER BY count DESC, cron_expr COLLATE "C", timezone COLLATE "C", dst_gap COLLATE "C",
+         dst_overlap COLLATE "C", tenant_id COLLATE "C", task_type COLLATE "C"
+LIMIT $1
+"""
+
+SCHEDULES_CENSUS: Final = _CENSUS.format(tenant="")
+"""The enabled live schedules grouped by how they fire, biggest group first, at most ``$1``
+groups. Ordered and sampled by code point (``COLLATE "C"``), whatever the database's
+collation, as the memory ledger orders them. A full scan: the load forecast reads it
+rarely, and an index on the six columns would cost every schedule write."""
+
+SCHEDULES_CENSUS_OF_TENANT: Final = _CENSUS.format(tenant="AND tenant_id = $2")
+""":data:`SCHEDULES_CENSUS` of tenant ``$2`` (a range of schedules_tenant_live_idx)."""

@@ -1,0 +1,148 @@
+"""`carillon executions` and `carillon dlq list|replay` against the real API.
+
+Dead letters are made through the ledger itself, as a node would (:func:`dead_letters`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.ledger.base import AuditQuery, Ledger
+from engine.model import ExecutionStatus
+from tests.cli.conftest import Api
+from tests.cli.harness import LETTERS, Cli, dead_letters
+
+
+async def statuses(ledger: Ledger, ids: list[str]) -> list[ExecutionStatus]:
+    return [(await ledger.executions_get(eid)).execution.status for eid in ids]
+
+
+async def test_executions_list_filters_pages_and_show_prints_the_attempts(
+    api: Api, cli: Cli
+) -> None:
+    ids = await dead_letters(api.ledger, LETTERS)
+    since = ("--from", "2026-01-01T11:00:00Z")
+    result = await cli("executions", "list", *since)
+    assert (result.code, result.err) == (0, "")
+    lines = result.out.splitlines()
+    assert lines[0].split() == ["EXECUTION_ID", "TENANT", "TASK_TYPE", "STATUS", "ATTEMPT",
+                                "STARTED_AT", "ERROR"]  # fmt: skip
+    assert [line.split()[0] for line in lines[1:]] == [ids[s] for s, _, _ in LETTERS]
+    assert lines[1].split()[1:5] == ["acme", "billing", "dead-letter", "1"]
+    assert lines[1].endswith("http_404 gone")
+    result = await cli("executions", *since, "--tenant", "acme", "--task-type", "billing",
+                       "--status", "dead-letter", "-o", "json")  # fmt: skip
+    page = json.loads(result.out)
+    assert [e["execution_id"] for e in page["items"]] == [ids["bill-1"], ids["bill-2"]]
+    result = await cli("executions", "list", *since, "--schedule", "mail-1", "--limit", "1")
+    assert [line.split()[0] for line in result.out.splitlines()[1:]] == [ids["mail-1"]]
+    assert result.err == ""  # the only one: no next page
+    result = await cli("executions", "list", "--from", "2026-01-01T11:59:30Z",
+                       "--to", "2026-01-01T11:59:31Z")  # fmt: skip
+    assert result.out == "no executions match\n"
+    result = await cli("executions", "show", ids["bill-3"])
+    assert result.code == 0
+    assert f"execution_id: {ids['bill-3']}\n" in result.out
+    assert "status: dead-letter\n" in result.out
+    assert result.out.splitlines()[-1].split()[:2] == ["1", "dead-letter"]
+    result = await cli("executions", "show", ids["bill-3"], "-o", "json")
+    detail = json.loads(result.out)
+    assert [a["error_code"] for a in detail["attempts"]] == ["http_404"]
+    result = await cli("executions", "show", "bill-3:2020-01-01T00:00:00Z")
+    assert result.code == 1
+    assert "does not exist" in result.err
+
+
+async def test_executions_without_from_lists_the_last_minutes_by_this_machines_clock(
+    api: Api, cli: Cli
+) -> None:
+    await dead_letters(api.ledger, LETTERS)  # planned in 2026, by the ledger's manual clock
+    result = await cli("executions", "--minutes", "5")
+    assert (result.code, result.out) == (0, "no executions match\n")
+    result = await cli("executions", "--minutes", "5", "--from", "2026-01-01T00:00:00Z")
+    assert (result.code, result.err) == (2, "carillon: error: give --from or --minutes, not both\n")
+
+
+async def test_dlq_list_shows_dead_letters_filtered(api: Api, cli: Cli) -> None:
+    ids = await dead_letters(api.ledger, LETTERS)
+    result = await cli("dlq", "list")
+    lines = result.out.splitlines()
+    assert lines[0].split() == ["EXECUTION_ID", "TENANT", "TASK_TYPE", "ATTEMPT", "DEAD_SINCE",
+                                "ERROR"]  # fmt: skip
+    assert [line.split()[0] for line in lines[1:]] == [ids[s] for s, _, _ in LETTERS]
+    result = await cli("dlq", "list", "--tenant", "acme", "--task-type", "billing", "-o", "json")
+    assert [e["execution_id"] for e in json.loads(result.out)["items"]] == [
+        ids["bill-1"],
+        ids["bill-2"],
+    ]
+    result = await cli("dlq", "list", "--limit", "2")
+    assert len(result.out.splitlines()) == 3
+    assert "more dead letters match; the next page: --cursor" in result.err
+
+
+async def test_dlq_replay_by_id_requeues_and_skips_what_is_not_a_dead_letter(
+    api: Api, cli: Cli
+) -> None:
+    ids = await dead_letters(api.ledger, LETTERS)
+    result = await cli("dlq", "replay", ids["bill-1"], "nope:2026-01-01T00:00:00Z",
+                       "--reason", "receiver fixed")  # fmt: skip
+    assert result.code == 0
+    assert result.out == "replayed 1 of 2 dead letters\n"
+    assert result.err == (
+        "carillon: nope:2026-01-01T00:00:00Z is not a dead letter (execution "
+        "'nope:2026-01-01T00:00:00Z' does not exist); skipped\n"
+    )
+    assert await statuses(api.ledger, [ids["bill-1"], ids["bill-2"]]) == [
+        ExecutionStatus.QUEUED,
+        ExecutionStatus.DEAD_LETTER,
+    ]
+    result = await cli("dlq", "replay", ids["bill-1"], "-o", "json")  # again: harmless
+    assert (result.code, json.loads(result.out)) == (0, {"replayed": []})
+    assert "is queued; only dead letters can be replayed); skipped" in result.err
+    [event] = await api.ledger.audit_list(AuditQuery(action="dead_letter.replay"))
+    assert (event.target, event.details["reason"]) == (ids["bill-1"], "receiver fixed")
+    assert event.actor.startswith("token:")
+
+
+async def test_dlq_replay_all_replays_every_match_of_its_filters_in_rounds(
+    api: Api, cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("engine.cli.dlq.REPLAY_ROUND_MAX", 1)  # one dead letter per request
+    ids = await dead_letters(api.ledger, LETTERS)
+    result = await cli("dlq", "replay", "--all", "--task-type", "billing")
+    assert (result.code, result.out, result.err) == (0, "replayed 3 dead letters\n", "")
+    assert await statuses(api.ledger, [ids[s] for s, _, _ in LETTERS]) == [
+        ExecutionStatus.QUEUED,
+        ExecutionStatus.QUEUED,
+        ExecutionStatus.QUEUED,
+        ExecutionStatus.DEAD_LETTER,
+    ]
+    result = await cli("dlq", "replay", "--all", "--tenant", "acme", "-o", "json")
+    assert json.loads(result.out) == {"replayed": [ids["mail-1"]]}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["replay", "--all"], "--all needs --schedule, --task-type or --tenant"),
+        (["replay"], "name the dead letters to replay"),
+        (["replay", "x:1", "--all", "--tenant", "a"], "give execution ids or --all, not both"),
+        (["replay", "x:1", "--tenant", "a"], "apply only with --all"),
+        (["list", "--from", "yesterday"], "is not an RFC 3339 timestamp"),
+        (["list", "--limit", "0"], "must be between 1 and 1000"),
+        (["replay", "x:1", "--reason", " "], "reason must not be blank"),
+        (["replay", "x:1", "--reason", "r" * 1001], "at most 1000 are kept"),
+    ],
+)
+async def test_dlq_bad_input_is_one_line_and_exit_code_2(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    monkeypatch.setenv("CARILLON_URL", "http://127.0.0.1:1")
+    monkeypatch.setenv("CARILLON_TOKEN", "crl_x_y")
+    result = await cli("dlq", *args)
+    assert (result.code, result.out) == (2, "")
+    assert result.err.count("\n") == 1
+    assert result.err.startswith("carillon")
+    assert message in result.err
