@@ -107,6 +107,7 @@ class Node:
             ledger,
             rng,
             lambda: self.clock_monitor.statistics().offset_s,
+            self._planner_lags,
         )
         self.lease_keeper = LeaseKeeper(
             LeaseKeeperConfig(config.node_id, config.lease_ttl_s, config.lease_safety_margin_s),
@@ -201,6 +202,11 @@ class Node:
             queue_capacity=self.dispatcher.config.queue_max,
             workers=self.config.workers,
         )
+
+    def _planner_lags(self) -> dict[int, float]:
+        """Planner lag per partition planned here, as the gauges compute it (heartbeats
+        publish it for ``GET /v1/cluster``)."""
+        return {p.partition_id: p.planner_lag_s for p in self._gauges().partitions}
 
     def _request_fetch(self, at: datetime) -> None:
         self.dispatcher.request_fetch(at)

@@ -45,7 +45,9 @@ class Membership:
         ledger: Ledger,
         rng: random.Random,
         clock_offset_s: Callable[[], float | None] = lambda: None,
+        planner_lag_s: Callable[[], dict[int, float]] = dict,
     ) -> None:
+        self._planner_lag_s = planner_lag_s
         self.config = config
         self._clock_offset_s = clock_offset_s
         """The node's measured offset to the database clock, published with each beat (for
@@ -75,6 +77,7 @@ class Membership:
                 self.config.region,
                 self.config.ttl_s,
                 clock_offset_s=self._clock_offset_s(),
+                planner_lag_s=self._planner_lag_s(),
             )
         )
         live = [node.node_id for node in await self._ledger.nodes_live()]

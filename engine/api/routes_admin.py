@@ -104,6 +104,8 @@ async def cluster(call: Call) -> Reply:
         c.partition_id: c.last_evaluated_at
         for c in await ledger.checkpoints_get(list(range(settings.partition_count)))
     }
+    live_nodes = sorted(await ledger.nodes_live(), key=lambda n: n.node_id)
+    lags = {node.node_id: node.planner_lag_s for node in live_nodes}
     owned: dict[str, int] = {}
     partitions = []
     for lease in leases:
@@ -112,7 +114,6 @@ async def cluster(call: Call) -> Reply:
         if owner is not None:
             owned[owner] = owned.get(owner, 0) + 1
         checkpoint = checkpoints.get(lease.partition_id)
-        ahead = None if checkpoint is None else (checkpoint - now).total_seconds()
         partitions.append(
             PartitionView(
                 lease.partition_id,
@@ -120,8 +121,8 @@ async def cluster(call: Call) -> Reply:
                 lease.fencing_token,
                 lease.expires_at,
                 checkpoint,
-                ahead,
-                None if ahead is None else max(0.0, -ahead),
+                None if checkpoint is None else (now - checkpoint).total_seconds(),
+                lags.get(owner, {}).get(lease.partition_id) if owner else None,
             )
         )
     nodes = [
@@ -134,7 +135,7 @@ async def cluster(call: Call) -> Reply:
             n.clock_offset_s,
             owned.get(n.node_id, 0),
         )
-        for n in sorted(await ledger.nodes_live(), key=lambda n: n.node_id)
+        for n in live_nodes
     ]
     return Reply(
         ClusterView(

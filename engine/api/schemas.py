@@ -195,10 +195,13 @@ class PartitionView(msgspec.Struct, frozen=True):
     fencing_token: int
     lease_expires_at: datetime | None
     checkpoint_at: datetime | None
-    planned_ahead_s: float | None
-    """How far past now the planner has written executions (negative: it lags)."""
+    """Every fire up to here has been planned. It moves when the planner writes, so on a
+    quiet partition it stays at the last fire planned."""
+    checkpoint_age_s: float | None
+    """Now minus the checkpoint (negative while planning runs ahead, the lookahead)."""
     planner_lag_s: float | None
-    """``max(0, -planned_ahead_s)``: how far behind now planning is."""
+    """How long ago the partition's earliest unplanned fire was due, as its owner last
+    reported in its heartbeat (0 while it keeps up; ``None``: no live owner reported)."""
 
 
 class ClusterView(msgspec.Struct, frozen=True):

@@ -90,14 +90,14 @@ def _print_cluster(view: dict[str, Any]) -> None:
         )
     print()
     print_table(
-        ("PARTITION", "OWNER", "FENCE", "LEASE_EXPIRES_AT", "PLANNED_AHEAD_S", "PLANNER_LAG_S"),
+        ("PARTITION", "OWNER", "FENCE", "LEASE_EXPIRES_AT", "CHECKPOINT_AGE_S", "PLANNER_LAG_S"),
         [
             (
                 str(p["partition_id"]),
                 p["owner_id"] or NONE,
                 str(p["fencing_token"]),
                 cell(p.get("lease_expires_at")),
-                _seconds(p.get("planned_ahead_s")),
+                _seconds(p.get("checkpoint_age_s")),
                 _seconds(p.get("planner_lag_s")),
             )
             for p in partitions

@@ -25,6 +25,7 @@ from engine.ledger.base import (
 )
 from engine.ledger.common import (
     check_clock_offset,
+    check_planner_lags,
 )
 from engine.model import Lease
 
@@ -79,6 +80,7 @@ class ClusterMethods:
             raise InvalidField("node_id must not be empty")
         ttl = seconds(params.ttl_s, field="ttl_s")
         offset = check_clock_offset(params.clock_offset_s)
+        lags = check_planner_lags(params.planner_lag_s, self._settings.partition_count)
         now = self._now()
         previous = self._nodes.get(params.node_id)
         # A node that lets its row expire has been judged dead; its next heartbeat is a rejoin.
@@ -90,6 +92,7 @@ class ClusterMethods:
             last_seen_at=now,
             expires_at=now + ttl,
             clock_offset_s=offset,
+            planner_lag_s=lags,
         )
         self._nodes[params.node_id] = node
         return node

@@ -107,6 +107,26 @@ def check_token_hash(token_hash: bytes) -> bytes:
     return token_hash
 
 
+def check_planner_lags(lags: dict[int, float], partition_count: int) -> dict[int, float]:
+    """A node's reported planner lags: partition ids in range, finite seconds >= 0."""
+    checked: dict[int, float] = {}
+    for partition_id, lag_s in lags.items():
+        if isinstance(partition_id, bool) or not isinstance(partition_id, int):
+            raise InvalidField(f"planner_lag_s keys are partition ids, got {partition_id!r}")
+        if not 0 <= partition_id < partition_count:
+            raise InvalidField(
+                f"planner_lag_s names partition {partition_id}, outside 0..{partition_count - 1}"
+            )
+        if (
+            isinstance(lag_s, bool)
+            or not isinstance(lag_s, int | float)
+            or not (math.isfinite(lag_s) and lag_s >= 0)
+        ):
+            raise InvalidField(f"planner_lag_s must be seconds >= 0, got {lag_s!r}")
+        checked[partition_id] = float(lag_s)
+    return checked
+
+
 def check_clock_offset(offset_s: float | None) -> float | None:
     """A node's reported clock offset: ``None`` or a finite number of seconds."""
     if offset_s is None:

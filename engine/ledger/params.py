@@ -76,6 +76,9 @@ class NodeInfo(msgspec.Struct, frozen=True):
     clock_offset_s: float | None = None
     """The node's clock minus the ledger's, as the node last measured and reported it
     (``None``: not reported)."""
+    planner_lag_s: dict[int, float] = msgspec.field(default_factory=dict)
+    """Per partition whose planner runs on the node: how far behind now its planning was,
+    as last reported (0 while it keeps up)."""
 
 
 class ChangeKind(enum.StrEnum):
@@ -170,6 +173,9 @@ class NodesHeartbeat(msgspec.Struct, frozen=True):
     ttl_s: float
     clock_offset_s: float | None = None
     """The node's measured clock offset to the ledger's clock, stored on its row."""
+    planner_lag_s: dict[int, float] = msgspec.field(default_factory=dict)
+    """The node's planner lag per partition it plans (at most the partition count of
+    entries), stored on its row for ``GET /v1/cluster``."""
 
 
 class PlannedExecution(msgspec.Struct, frozen=True):

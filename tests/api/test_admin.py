@@ -163,7 +163,9 @@ async def test_malformed_tenant_id_gets_422(memory_api: Api) -> None:
 
 
 async def test_cluster_view_lists_every_partition_and_the_live_nodes(api: Api) -> None:
-    await api.ledger.nodes_heartbeat(NodesHeartbeat("node-a", "default", 60.0, 0.002))
+    await api.ledger.nodes_heartbeat(
+        NodesHeartbeat("node-a", "default", 60.0, 0.002, planner_lag_s={3: 1.5})
+    )
     [lease] = await api.ledger.leases_acquire(
         LeasesAcquire(owner_id="node-a", partition_ids=[3], ttl_s=60.0)
     )
@@ -184,7 +186,9 @@ async def test_cluster_view_lists_every_partition_and_the_live_nodes(api: Api) -
     owned = view["partitions"][3]
     assert owned["owner_id"] == "node-a"
     assert owned["fencing_token"] == lease.fencing_token
-    assert owned["planned_ahead_s"] is None
+    assert owned["checkpoint_age_s"] is None  # nothing planned yet
+    assert owned["planner_lag_s"] == 1.5  # as the owner reported it
+    assert view["partitions"][4]["planner_lag_s"] is None  # no owner
     assert all(p["owner_id"] is None for i, p in enumerate(view["partitions"]) if i != 3)
     [node] = view["nodes"]
     assert (node["node_id"], node["partitions"], node["clock_offset_s"]) == ("node-a", 1, 0.002)

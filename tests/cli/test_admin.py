@@ -196,7 +196,7 @@ async def test_cluster_shows_nodes_partitions_and_owners(api: Api, cli: Cli) -> 
         "0 live nodes; 5 without a live owner"
     )
     table = [line.split() for line in lines[2:]]
-    assert table[0] == ["PARTITION", "OWNER", "FENCE", "LEASE_EXPIRES_AT", "PLANNED_AHEAD_S",
+    assert table[0] == ["PARTITION", "OWNER", "FENCE", "LEASE_EXPIRES_AT", "CHECKPOINT_AGE_S",
                         "PLANNER_LAG_S"]  # fmt: skip
     assert table[1][:3] == ["0", "node-a", "1"]
     assert table[4][:3] == ["3", "-", "0"]

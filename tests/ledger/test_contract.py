@@ -1919,3 +1919,20 @@ async def test_membership_carries_each_nodes_clock_offset(backend: Backend) -> N
                 NodesHeartbeat("n1", "eu", ttl_s=60, clock_offset_s=bad)
             )
     assert [n.clock_offset_s for n in await backend.ledger.nodes_live()] == [1.0, 0.5]
+
+
+async def test_membership_carries_each_nodes_planner_lags(backend: Backend) -> None:
+    lags = {0: 0.0, 3: 12.5}
+    info = await backend.ledger.nodes_heartbeat(
+        NodesHeartbeat("n1", "eu", ttl_s=60, planner_lag_s=lags)
+    )
+    assert info.planner_lag_s == lags
+    await backend.ledger.nodes_heartbeat(NodesHeartbeat("n2", "eu", ttl_s=60))
+    live = await backend.ledger.nodes_live()
+    assert [(n.node_id, n.planner_lag_s) for n in live] == [("n1", lags), ("n2", {})]
+    for bad in ({PARTITIONS: 0.0}, {-1: 0.0}, {0: -1.0}, {0: float("nan")}):
+        with pytest.raises(InvalidField, match="planner_lag_s"):
+            await backend.ledger.nodes_heartbeat(
+                NodesHeartbeat("n1", "eu", ttl_s=60, planner_lag_s=bad)
+            )
+    assert (await backend.ledger.nodes_live())[0].planner_lag_s == lags

@@ -20,6 +20,7 @@ from engine.ledger.base import (
 )
 from engine.ledger.common import (
     check_clock_offset,
+    check_planner_lags,
 )
 from engine.ledger.postgres import sql
 from engine.ledger.postgres.rows import (
@@ -96,9 +97,15 @@ async def nodes_heartbeat(store: Store, params: NodesHeartbeat) -> NodeInfo:
     check_not_empty(params.node_id, field="node_id")
     ttl_s = check_duration(params.ttl_s, field="ttl_s")
     offset_s = check_clock_offset(params.clock_offset_s)
+    lags = check_planner_lags(params.planner_lag_s, store.partition_count)
     async with store.connection(control=True) as connection:
         row = await connection.fetchrow(
-            sql.NODES_HEARTBEAT, params.node_id, params.region, ttl_s, offset_s
+            sql.NODES_HEARTBEAT,
+            params.node_id,
+            params.region,
+            ttl_s,
+            offset_s,
+            {str(partition): lag for partition, lag in lags.items()},
         )
     return node_from_row(row)
 

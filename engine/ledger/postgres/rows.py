@@ -141,6 +141,7 @@ def node_from_row(row: Row) -> NodeInfo:
         last_seen_at=row["last_seen_at"],
         expires_at=row["expires_at"],
         clock_offset_s=row["clock_offset_s"],
+        planner_lag_s={int(key): float(lag) for key, lag in row["planner_lag"].items()},
     )
 
 

@@ -282,14 +282,17 @@ RETURNING l.partition_id
 LEASES_LIST: Final = f"SELECT {LEASE_COLUMNS} FROM partition_leases ORDER BY partition_id"
 
 NODES_HEARTBEAT: Final = f"""
-INSERT INTO nodes AS n (node_id, region, started_at, last_seen_at, expires_at, clock_offset_s)
-VALUES ($1, $2, now(), now(), now() + make_interval(secs => $3), $4)
+INSERT INTO nodes AS n (
+    node_id, region, started_at, last_seen_at, expires_at, clock_offset_s, planner_lag
+)
+VALUES ($1, $2, now(), now(), now() + make_interval(secs => $3), $4, $5)
 ON CONFLICT (node_id) DO UPDATE SET
     region = EXCLUDED.region,
     started_at = CASE WHEN n.expires_at > now() THEN n.started_at ELSE now() END,
     last_seen_at = EXCLUDED.last_seen_at,
     expires_at = EXCLUDED.expires_at,
-    clock_offset_s = EXCLUDED.clock_offset_s
+    clock_offset_s = EXCLUDED.clock_offset_s,
+    planner_lag = EXCLUDED.planner_lag
 RETURNING {NODE_COLUMNS}
 """
 """A node whose row had expired was judged dead: its next heartbeat is a rejoin."""

@@ -45,7 +45,9 @@ TASK_TYPE_COLUMNS: Final = (
 TENANT_COLUMNS: Final = (
     "tenant_id, weight, concurrency_quota, rate_per_s, burst, schedules_max, updated_at, version"
 )
-NODE_COLUMNS: Final = "node_id, region, started_at, last_seen_at, expires_at, clock_offset_s"
+NODE_COLUMNS: Final = (
+    "node_id, region, started_at, last_seen_at, expires_at, clock_offset_s, planner_lag"
+)
 AUDIT_COLUMNS: Final = "event_id, at, actor, action, target, details"
 TOKEN_COLUMNS: Final = "token_id, scope, description, created_at, revoked_at"
 

@@ -34,6 +34,9 @@ ALTER TABLE schedule_changes ADD CONSTRAINT schedule_changes_kind_check
 -- Each node's clock minus the database's, as the node last measured it (NULL: not
 -- reported), shown by nodes_live.
 ALTER TABLE nodes ADD COLUMN clock_offset_s double precision;
+-- Each node's planner lag per partition it plans, as it last reported it ({"7": 0.0, ...}):
+-- what GET /v1/cluster shows per partition, whichever node answers.
+ALTER TABLE nodes ADD COLUMN planner_lag jsonb NOT NULL DEFAULT '{}'::jsonb;
 
 -- No new index for the other API reads:
 -- * executions_trigger and executions_backfill insert by execution_id (executions_pkey,
