@@ -173,6 +173,8 @@ class WorkerPool:
         self._held: dict[tuple[str, int], _Held] = {}
         self._kinds: dict[str, _Kind] = {}
         self._loading: dict[str, trio.Lock] = {}
+        self._unusable: set[tuple[str, int]] = set()
+        """Task types (name, version) that could not be set up here, already logged."""
         self.schedules = ScheduleCache(ledger, clock, config.cache_ttl_s)
         self._busy = 0
         self._finished: dict[str, int] = {}
@@ -239,9 +241,21 @@ class WorkerPool:
 
     def refresh_task_types(self, task_types: list[TaskType]) -> None:
         """Take the task types just read from the ledger (the dispatcher reads them all
-        every few seconds): changed ones get a new handler, unchanged ones a new expiry."""
+        every few seconds): changed ones get a new handler, unchanged ones a new expiry.
+
+        A task type this node cannot run (a ``shell`` one on a node without
+        ``--enable-shell``, settings that no longer validate) is logged once per version and
+        left out; its executions fail with ``setup_error`` when they come up, while every
+        other task type keeps running.
+        """
         for task_type in task_types:
-            self._remember(task_type)
+            try:
+                self._remember(task_type)
+            except CarillonError as exc:
+                key = (task_type.name, task_type.version)
+                if key not in self._unusable:
+                    self._unusable.add(key)
+                    log.warning("task type %r cannot run on this node: %s", task_type.name, exc)
 
     def _remember(self, task_type: TaskType) -> _Kind:
         expires = self._clock.monotonic() + self.config.cache_ttl_s

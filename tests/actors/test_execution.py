@@ -75,3 +75,34 @@ async def test_transient_failures_retry_with_the_same_key_and_permanent_ones_dea
         assert execution.status is ExecutionStatus.DEAD_LETTER
         assert execution.attempt == 1
         assert execution.error_code is not None
+
+
+async def test_a_task_type_this_node_cannot_run_stops_only_its_own_executions(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A shell task type on a node without --enable-shell used to make every settings
+    refresh fail, and with it every fetch: nothing at all was dispatched any more."""
+    async with cluster() as c:
+        await c.ledger.task_types_put(
+            TaskTypesPut(
+                TaskType(
+                    name="sh", kind=HandlerKind.SHELL, settings={"argv": ["true"]}, max_attempts=1
+                )
+            )
+        )
+        schedules = [
+            msgspec.structs.replace(s, task_type="sh" if n == 0 else s.task_type)
+            for n, s in enumerate(make_schedules(5, START, lambda n: ("* * * * *", "UTC")))
+        ]
+        await create(c.ledger, schedules)
+        await c.start_node("n1")  # shell is off by default
+        await trio.sleep(300)
+    window = within(await all_executions(c.ledger), START, START + timedelta(minutes=4))
+    runnable = [e for e in window if e.task_type != "sh"]
+    shell = [e for e in window if e.task_type == "sh"]
+    assert len(runnable) == 4 * 4
+    assert {e.status for e in runnable} == {ExecutionStatus.SUCCEEDED}
+    assert len(shell) == 4
+    assert {(e.status, e.error_code) for e in shell} == {
+        (ExecutionStatus.DEAD_LETTER, "setup_error")
+    }

@@ -65,7 +65,8 @@ async def test_two_nodes_on_different_ports_serve_the_same_data_and_either_write
         async with trio.open_nursery() as nursery:
             await nursery.start(a.run)
             await nursery.start(b.run)
-            assert a.api is not None and b.api is not None
+            assert a.api is not None
+            assert b.api is not None
             [url_a], [url_b] = a.api.bound, b.api.bound
             assert url_a != url_b
             async with (
