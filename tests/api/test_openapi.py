@@ -173,3 +173,17 @@ async def test_request_bodies_are_documented_where_routes_read_them(
         endpoint = by_route[(method, path)]
         assert ("requestBody" in operation) == (endpoint.body is not None), (method, path)
         assert str(endpoint.status) in operation["responses"], (method, path)
+
+
+async def test_every_datetime_field_is_documented_as_date_time(document: dict[str, Any]) -> None:
+    schemas = document["components"]["schemas"]
+
+    def formats(component: str, field: str) -> list[str | None]:
+        schema = schemas[component]["properties"][field]
+        return [option.get("format") for option in schema.get("anyOf", [schema])]
+
+    assert formats("Schedule", "next_run_at") == ["date-time", None]
+    assert formats("Execution", "planned_at") == ["date-time"]
+    assert formats("Attempt", "finished_at") == ["date-time"]
+    assert formats("BackfillIn", "from") == ["date-time"]
+    assert formats("PartitionView", "checkpoint_at") == ["date-time", None]
