@@ -432,3 +432,16 @@ async def test_a_shutdown_overrunning_its_timeout_is_reported(
 
 def test_every_setting_has_help_text() -> None:
     assert [setting.name for setting in SETTINGS if not setting.help] == []
+
+
+def test_an_empty_http_setting_turns_the_api_off_and_a_malformed_one_is_refused() -> None:
+    http = next(setting for setting in SETTINGS if setting.name == "http")
+    assert http.parse("") == ""
+    assert load({"http": ""}).http == ""
+    assert load({}).http == "127.0.0.1:8080"
+    assert load({}, {"CARILLON_HTTP": "0.0.0.0:9000"}).http == "0.0.0.0:9000"
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        load({"http": "8080"})
+    region = next(setting for setting in SETTINGS if setting.name == "region")
+    with pytest.raises(ValueError, match="must not be empty"):
+        region.parse("")

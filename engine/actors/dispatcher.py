@@ -173,6 +173,7 @@ class Dispatcher:
         self._backlog = False
         """The last fetch returned a full page: more is startable than the queue holds."""
         self._cursor: DueCursor | None = None
+        self._restart_pass = False
         """Where the next fetch resumes while paging through a backlog."""
 
     def request_fetch(self, at: datetime) -> None:
@@ -218,6 +219,7 @@ class Dispatcher:
             nursery.start_soon(self._fetch_loop)
             nursery.start_soon(self._read_schedules)
             nursery.start_soon(self._dispatch_loop)
+            nursery.start_soon(self._watch_partitions)
             task_status.started()
 
     def statistics(self) -> DispatcherStatistics:
@@ -248,7 +250,8 @@ class Dispatcher:
         # A short page ends the pass; the next starts from the beginning again, so whatever
         # became startable behind the cursor meanwhile (a retry, a re-queued attempt) is seen.
         self._backlog = len(due) >= limit
-        self._cursor = due_cursor(due[-1]) if self._backlog else None
+        self._cursor = due_cursor(due[-1]) if self._backlog and not self._restart_pass else None
+        self._restart_pass = False
         added = sum(
             1
             for execution in due
@@ -263,6 +266,20 @@ class Dispatcher:
             await self._to_read.send([execution.schedule_id for execution in due])
             self._nudge()
         return added
+
+    async def _watch_partitions(self) -> None:
+        """A partition just taken over (its owner died, a rebalance) may hold startable work
+        already: fetch at once instead of at the fallback interval, and from the start of
+        the order, since its executions may sort before the cursor of a pass in progress."""
+        known = set(self._table)
+        while True:
+            await self._table.wait_changed()
+            owned = set(self._table)
+            if owned - known:
+                self._cursor = None
+                self._restart_pass = True  # a fetch in flight must not set its cursor
+                self.request_fetch(self._monitor.now())
+            known = owned
 
     def _pop_batch(self) -> list[Execution]:
         """What may start now, in fair order, as many as the workers can take and the token

@@ -88,6 +88,9 @@ _HELP: Final = {
     ),
 }
 
+_EMPTY_MEANS_NONE: Final = frozenset({"http", "webhook_allow_cidrs"})
+"""Text settings whose empty value is meaningful: no HTTP API, no allow-listed networks."""
+
 Kind = Literal["number", "integer", "text", "choice", "boolean"]
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off"})
@@ -146,7 +149,7 @@ class Setting:
                 return self.enum_type(text.strip().lower())
             except ValueError:
                 raise _Invalid(f"is not one of {', '.join(self.choices)}") from None
-        if not text:
+        if not text and self.name not in _EMPTY_MEANS_NONE:
             raise _Invalid("must not be empty")
         if self.name == "database_url":
             try:

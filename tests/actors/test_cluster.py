@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import msgspec
 import trio
@@ -239,3 +239,39 @@ async def test_a_node_shutting_down_hands_its_partitions_over_at_once(
     assert max(count_ids(window).values()) == 1
     late = [e for e in window if e.enqueued_at is None or e.enqueued_at > e.planned_at]
     assert late == []
+
+
+async def test_a_survivor_starts_a_crashed_nodes_queued_executions_once_it_owns_them(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Taking a partition over fetches its startable executions at once, not at the
+    dispatcher's fallback interval (5 s): failover RTO is the lease TTL, not TTL + 5 s."""
+    schedules = make_schedules(200, START, lambda n: ("* * * * *", "UTC"))
+    fire = START.replace(second=0) + timedelta(minutes=1)
+    async with cluster() as c:
+        await create(c.ledger, schedules)
+        await c.start_node("n1")
+        await c.start_node("n2")
+        await trio.sleep((fire - c.db_clock.now()).total_seconds() - 2)  # planned, not run
+        victim, survivor = c.nodes["n1"], c.nodes["n2"]
+        lost = set(victim.node.table)
+        assert lost
+        victim.ledger.crashed = True
+        victim.scope.cancel()
+        del c.nodes["n1"]
+        taken_at: dict[int, datetime] = {}
+        with trio.move_on_after(60):
+            while len(taken_at) < len(lost):
+                for partition in lost & set(survivor.node.table):
+                    taken_at.setdefault(partition, c.db_clock.now())
+                await trio.sleep(0.05)
+        assert set(taken_at) == lost
+        await trio.sleep(30)
+    moved = [
+        e for e in await all_executions(c.ledger) if e.planned_at == fire and e.partition_id in lost
+    ]
+    assert moved
+    for execution in moved:
+        assert execution.started_at is not None
+        assert execution.partition_id is not None
+        assert execution.started_at - taken_at[execution.partition_id] < timedelta(seconds=1)
