@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 RUN_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test unit lint typecheck fmt run bench clean
+.PHONY: help install test unit lint typecheck fmt run bench clean chromium console-screenshots
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -22,8 +22,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## Create .venv and install Carillon with its test tools (idempotent)
 
-test: $(STAMP) lint typecheck ## Lint, type-check and run the whole test suite
+test: $(STAMP) chromium lint typecheck ## Lint, type-check and run the whole test suite
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+chromium: ## Install Debian's Chromium for the browser tests if missing and possible (never fails)
+	@sh tests/console/ensure-chromium
+
+console-screenshots: $(STAMP) chromium ## Retake docs/img/console-*.png from the demo dataset
+	$(BIN)/python -m tests.console.screenshots docs/img
 
 unit: $(STAMP) ## Run the test suite only (PYTEST_ARGS="-k ..." to filter)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

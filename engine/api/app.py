@@ -1,7 +1,8 @@
 """The API application: the endpoint table, the shared context, and the open routes.
 
 :func:`create_app` builds a Starlette app from every module's ``ENDPOINTS`` plus the open
-routes (``/healthz``, ``/readyz``, ``/metrics``, ``/openapi.json``). It holds no state of
+routes (``/healthz``, ``/readyz``, ``/metrics``, ``/openapi.json``), and mounts the operator
+console (:mod:`engine.api.console`) at ``/ui``. It holds no state of
 its own beyond caches: any node answers any request the same way, because every read and
 write goes to the ledger.
 """
@@ -20,7 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from engine.api import problems, routes_admin, routes_executions, routes_schedules
+from engine.api import console, problems, routes_admin, routes_executions, routes_schedules
 from engine.api.auth import Authenticator
 from engine.api.endpoint import (
     Access,
@@ -32,6 +33,7 @@ from engine.api.endpoint import (
     problem_response,
 )
 from engine.api.schemas import Health
+from engine.config import SLO_TARGET_S_DEFAULT
 from engine.errors import CarillonError
 from engine.ledger.base import Ledger
 
@@ -66,6 +68,8 @@ class ApiContext:
     openapi: bytes = b""
     extra_checks: dict[str, Callable[[], str | None]] = field(default_factory=dict)
     """Readiness checks: name -> ``None`` when fine, else what is wrong."""
+    slo_target_s: float = SLO_TARGET_S_DEFAULT
+    """The start SLO the console's overview judges first attempts by (the node's own)."""
 
 
 async def healthz(call: Call) -> Reply:
@@ -156,7 +160,10 @@ def create_app(context: ApiContext) -> Starlette:
 
     context.openapi = msgspec.json.encode(openapi_document(endpoints()))
     return Starlette(
-        routes=[asgi_route(endpoint, context) for endpoint in endpoints()],
+        routes=[
+            *(asgi_route(endpoint, context) for endpoint in endpoints()),
+            console.mount(context),  # the operator console at /ui, on the same routes
+        ],
         exception_handlers={HTTPException: _http_exception},  # 404/405 as problems
     )
 

@@ -165,6 +165,7 @@ async def listing(call: Call) -> Reply:
             enabled=None if enabled_text is None else enabled_text == "true",
             cursor=call.query_str("cursor"),
             limit=call.query_int("limit", 100, 1, PAGE_SIZE_MAX),
+            id_prefix=call.query_str("id_prefix"),
         )
     )
     return Reply(page)
@@ -304,6 +305,7 @@ _LIST_QUERY: Final = (
     QueryParam("tenant_id", "string", "only this tenant's (a tenant token: its own)"),
     QueryParam("task_type", "string", "only this task type's"),
     QueryParam("enabled", "boolean", "only enabled (true) or paused (false) schedules"),
+    QueryParam("id_prefix", "string", "only the ids that start with it"),
     QueryParam("cursor", "string", "next_cursor of the previous page"),
     QueryParam("limit", "integer", f"page size, 1..{PAGE_SIZE_MAX} (default 100)"),
 )

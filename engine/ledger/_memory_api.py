@@ -17,7 +17,7 @@ Invariants
 from __future__ import annotations
 
 from collections import Counter
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import msgspec
 import trio
@@ -29,6 +29,8 @@ from engine.ledger.base import (
     CENSUS_GROUPS_MAX,
     ChangeKind,
     ExecutionsBackfill,
+    ExecutionsBucket,
+    ExecutionsStats,
     ExecutionsTrigger,
     ScheduleGroup,
     SchedulesCensus,
@@ -39,6 +41,7 @@ from engine.ledger.common import (
     backfill_audit_details,
     backfill_in_future,
     backfill_instants,
+    check_stats,
     check_token_hash,
     quota_exceeded,
     token_audit_details,
@@ -276,3 +279,72 @@ class ApiMethods:
                 sample,
             ) in ordered[: params.limit]
         ]
+
+    # execution statistics --------------------------------------------------------------------
+
+    async def executions_stats(self, params: ExecutionsStats) -> list[ExecutionsBucket]:
+        await trio.lowlevel.checkpoint()
+        start = check_stats(params)
+        bucket_s = params.bucket_s
+        end = start + timedelta(seconds=bucket_s * params.buckets)
+        on_time = timedelta(seconds=params.on_time_s)
+        rows = [_Bucket() for _ in range(params.buckets)]
+
+        def at(instant: datetime) -> _Bucket | None:
+            index = int((instant - start).total_seconds() // bucket_s)
+            return rows[index] if 0 <= index < len(rows) else None
+
+        for execution in self._executions.everything():
+            planned_at = execution.planned_at
+            if not start <= planned_at < end or params.tenant_id not in (
+                None,
+                execution.tenant_id,
+            ):
+                continue
+            first = self._first_start(execution)
+            row = rows[int((planned_at - start).total_seconds() // bucket_s)]
+            row.planned += 1
+            row.dead_letters += execution.status is ExecutionStatus.DEAD_LETTER
+            written = min(filter(None, (execution.enqueued_at, first)), default=planned_at)
+            row.plan_lag_s_max = max(row.plan_lag_s_max, (written - planned_at).total_seconds())
+            if first is not None:
+                row.started += 1
+                row.on_time += first - planned_at <= on_time
+                if (when := at(first)) is not None:
+                    when.starts += 1
+            elif (
+                execution.status is ExecutionStatus.SKIPPED
+                and execution.finished_at is not None
+                and (when := at(execution.finished_at)) is not None
+            ):
+                when.skips += 1
+        return [row.frozen() for row in rows]
+
+    def _first_start(self, execution: Execution) -> datetime | None:
+        """When the execution's first attempt started (``None``: it has not)."""
+        if execution.attempt == 1:
+            return execution.started_at
+        if execution.attempt > 1:
+            history = self._executions.attempts(execution.execution_id)
+            return next((a.started_at for a in history if a.attempt == 1), None)
+        return None
+
+
+class _Bucket:
+    """A bucket of :meth:`ApiMethods.executions_stats` while it is counted."""
+
+    def __init__(self) -> None:
+        self.planned = self.started = self.on_time = self.dead_letters = 0
+        self.starts = self.skips = 0
+        self.plan_lag_s_max = 0.0
+
+    def frozen(self) -> ExecutionsBucket:
+        return ExecutionsBucket(
+            self.planned,
+            self.started,
+            self.on_time,
+            self.dead_letters,
+            self.plan_lag_s_max,
+            self.starts,
+            self.skips,
+        )

@@ -48,6 +48,8 @@ from engine.ledger.params import (
     SCHEDULE_DELETED_MESSAGE,
     SCHEDULE_PAUSED,
     SCHEDULE_PAUSED_MESSAGE,
+    STATS_BUCKET_S_MAX,
+    STATS_BUCKETS_MAX,
     TOKEN_HASH_BYTES,
     Attempt,
     AttemptRef,
@@ -60,6 +62,7 @@ from engine.ledger.params import (
     DueCursor,
     ExecutionDetail,
     ExecutionsBackfill,
+    ExecutionsBucket,
     ExecutionsClaim,
     ExecutionsComplete,
     ExecutionsDue,
@@ -69,6 +72,7 @@ from engine.ledger.params import (
     ExecutionsQuery,
     ExecutionsRequeueExpired,
     ExecutionsSkip,
+    ExecutionsStats,
     ExecutionsTrigger,
     Fence,
     LeasesAcquire,
@@ -115,6 +119,8 @@ __all__ = [
     "SCHEDULE_DELETED_MESSAGE",
     "SCHEDULE_PAUSED",
     "SCHEDULE_PAUSED_MESSAGE",
+    "STATS_BUCKETS_MAX",
+    "STATS_BUCKET_S_MAX",
     "TOKEN_HASH_BYTES",
     "TRIGGER_ID_TRIES_MAX",
     "Attempt",
@@ -128,6 +134,7 @@ __all__ = [
     "DueCursor",
     "ExecutionDetail",
     "ExecutionsBackfill",
+    "ExecutionsBucket",
     "ExecutionsClaim",
     "ExecutionsComplete",
     "ExecutionsDue",
@@ -137,6 +144,7 @@ __all__ = [
     "ExecutionsQuery",
     "ExecutionsRequeueExpired",
     "ExecutionsSkip",
+    "ExecutionsStats",
     "ExecutionsTrigger",
     "Fence",
     "LeasesAcquire",
@@ -256,7 +264,9 @@ class Ledger(Protocol):
 
     async def schedules_list(self, params: SchedulesList) -> Page[Schedule]:
         """Schedules matching every given filter, ordered by id, at most ``limit``
-        (<= :data:`PAGE_SIZE_MAX`); deleted ones are never listed."""
+        (<= :data:`PAGE_SIZE_MAX`); deleted ones are never listed. ``id_prefix`` keeps the ids
+        that start with it (a range of the ids: exact when the database orders text by code
+        point, as the ``C`` collations do); ``InvalidField`` if it is over 128 characters."""
         ...
 
     async def schedules_count(self, tenant_id: str) -> int:
@@ -519,6 +529,18 @@ class Ledger(Protocol):
 
     async def executions_query(self, params: ExecutionsQuery) -> Page[Execution]:
         """Executions matching every given filter, ordered by (planned_at, id)."""
+        ...
+
+    async def executions_stats(self, params: ExecutionsStats) -> list[ExecutionsBucket]:
+        """``buckets`` :class:`ExecutionsBucket` in time order, counting the executions (of
+        ``tenant_id`` when given) planned in the range, as that class says. An execution's
+        first start is its ``started_at`` while ``attempt`` is 1, attempt 1's in its history
+        after; its plan lag is ``min(enqueued_at, first start) - planned_at`` (a replay moves
+        ``enqueued_at``; a backfill is late by design). A start or skip outside the range is
+        not counted. ``InvalidField`` for a naive ``planned_from``, ``buckets`` outside
+        1..:data:`STATS_BUCKETS_MAX`, ``bucket_s`` outside 1..:data:`STATS_BUCKET_S_MAX`, or
+        an ``on_time_s`` that is not a finite number >= 0. Reads each execution of the range
+        once (Postgres: one range of executions_tenant_idx per tenant)."""
         ...
 
     async def dead_letters_replay(self, params: DeadLettersReplay) -> list[str]:

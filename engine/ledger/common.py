@@ -18,8 +18,15 @@ import msgspec
 
 from engine.core.instants import format_utc
 from engine.errors import AlreadyExists, InvalidField, QuotaExceeded
-from engine.ledger.params import BATCH_ROWS_MAX, TOKEN_HASH_BYTES, ExecutionsBackfill
-from engine.model import ApiToken, execution_id
+from engine.ledger.params import (
+    BATCH_ROWS_MAX,
+    STATS_BUCKET_S_MAX,
+    STATS_BUCKETS_MAX,
+    TOKEN_HASH_BYTES,
+    ExecutionsBackfill,
+    ExecutionsStats,
+)
+from engine.model import IDENTIFIER_LENGTH_MAX, ApiToken, execution_id
 
 # --- cursors ------------------------------------------------------------------------------
 
@@ -166,6 +173,37 @@ def backfill_in_future(instants: list[datetime], now: datetime) -> InvalidField 
         f"({format_utc(now)}): only past fires can be backfilled, the planner makes the "
         "future ones (nothing was added)"
     )
+
+
+def check_id_prefix(prefix: str | None) -> str | None:
+    """A schedule listing's ``id_prefix``: ``None`` or at most an identifier's length."""
+    if prefix is not None and len(prefix) > IDENTIFIER_LENGTH_MAX:
+        raise InvalidField(
+            f"id_prefix is {len(prefix)} characters long; no id is longer than "
+            f"{IDENTIFIER_LENGTH_MAX}"
+        )
+    return prefix
+
+
+def check_stats(params: ExecutionsStats) -> datetime:
+    """The start of an execution statistics range in UTC, once every bound is checked."""
+    start = params.planned_from
+    if start.tzinfo is None or start.utcoffset() is None:
+        raise InvalidField(f"planned_from {start.isoformat()} has no UTC offset")
+    for name, value, maximum in (
+        ("buckets", params.buckets, STATS_BUCKETS_MAX),
+        ("bucket_s", params.bucket_s, STATS_BUCKET_S_MAX),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+            raise InvalidField(f"{name} must be an integer from 1 to {maximum}, got {value!r}")
+    on_time_s = params.on_time_s
+    if (
+        isinstance(on_time_s, bool)
+        or not isinstance(on_time_s, int | float)
+        or not (math.isfinite(on_time_s) and on_time_s >= 0)
+    ):
+        raise InvalidField(f"on_time_s must be a finite number of seconds >= 0, got {on_time_s!r}")
+    return start.astimezone(UTC)
 
 
 # --- errors ---------------------------------------------------------------------------------

@@ -106,6 +106,7 @@ from engine.ledger.base import (
     encode_cursor,
     unknown_task_types,
 )
+from engine.ledger.common import check_id_prefix
 from engine.model import (
     Execution,
     ExecutionStatus,
@@ -260,13 +261,15 @@ class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
         await trio.lowlevel.checkpoint()
         check_limit(params.limit, PAGE_SIZE_MAX)
         after = None if params.cursor is None else decode_id_cursor(params.cursor)
+        prefix = check_id_prefix(params.id_prefix) or ""
         matching = []
         for key in sorted(self._schedules):
             schedule = self._schedules[key]
             if after is not None and key <= after:
                 continue
             if (
-                params.tenant_id not in (None, schedule.tenant_id)
+                not key.startswith(prefix)
+                or params.tenant_id not in (None, schedule.tenant_id)
                 or params.task_type not in (None, schedule.task_type)
                 or params.enabled not in (None, schedule.enabled)
                 or params.partition_id not in (None, schedule.partition_id)

@@ -29,6 +29,9 @@ PAGE_SIZE_MAX: Final = 1_000
 """Most rows one read call returns."""
 CENSUS_GROUPS_MAX: Final = 100_000
 """Most groups one schedule census returns."""
+STATS_BUCKETS_MAX: Final = 1_440
+"""Most buckets one execution statistics call returns (a day of minutes)."""
+STATS_BUCKET_S_MAX: Final = 3_600
 TOKEN_HASH_BYTES: Final = 32
 """Length of an API token's hash (SHA-256 of the secret, computed by the caller)."""
 
@@ -145,6 +148,8 @@ class SchedulesList(msgspec.Struct, frozen=True):
     partition_id: int | None = None
     cursor: str | None = None
     limit: int = 100
+    id_prefix: str | None = None
+    """Only the ids that start with it (at most ``IDENTIFIER_LENGTH_MAX`` characters)."""
 
 
 class ScheduleChangesSince(msgspec.Struct, frozen=True):
@@ -419,3 +424,35 @@ class ScheduleGroup(msgspec.Struct, frozen=True):
     count: int
     sample_schedule_id: str
     """The smallest schedule id of the group (by code point)."""
+
+
+class ExecutionsStats(msgspec.Struct, frozen=True):
+    """Count the executions planned in ``[planned_from, planned_from + buckets * bucket_s)``
+    (of one tenant, when given), per ``bucket_s`` bucket: what a dashboard charts."""
+
+    planned_from: datetime
+    bucket_s: int
+    buckets: int
+    on_time_s: float
+    """A first attempt started at most this long after its planned instant is on time."""
+    tenant_id: str | None = None
+
+
+class ExecutionsBucket(msgspec.Struct, frozen=True):
+    """One bucket of :class:`ExecutionsStats`. The first five count the executions *planned*
+    in the bucket; ``starts`` and ``skips`` count what *happened* in it to the executions
+    planned anywhere in the range."""
+
+    planned: int = 0
+    started: int = 0
+    """Of those planned in the bucket: how many have started their first attempt."""
+    on_time: int = 0
+    """Of those started: how many started it at most ``on_time_s`` after their instant."""
+    dead_letters: int = 0
+    """Of those planned in the bucket: how many are dead letters now."""
+    plan_lag_s_max: float = 0.0
+    """The longest any of them waited to be written after its instant (0: none was late)."""
+    starts: int = 0
+    """First attempts that started within the bucket."""
+    skips: int = 0
+    """Executions skipped without an attempt (finished) within the bucket."""

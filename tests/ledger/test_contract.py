@@ -29,6 +29,8 @@ from engine.ledger.base import (
     BATCH_ROWS_MAX,
     CENSUS_GROUPS_MAX,
     PAGE_SIZE_MAX,
+    STATS_BUCKET_S_MAX,
+    STATS_BUCKETS_MAX,
     AttemptRef,
     AuditQuery,
     ChangeKind,
@@ -44,6 +46,7 @@ from engine.ledger.base import (
     ExecutionsQuery,
     ExecutionsRequeueExpired,
     ExecutionsSkip,
+    ExecutionsStats,
     ExecutionsTrigger,
     Fence,
     LeasesAcquire,
@@ -1936,3 +1939,121 @@ async def test_membership_carries_each_nodes_planner_lags(backend: Backend) -> N
                 NodesHeartbeat("n1", "eu", ttl_s=60, planner_lag_s=bad)
             )
     assert (await backend.ledger.nodes_live())[0].planner_lag_s == lags
+
+
+# --- schedules by id prefix ------------------------------------------------------------------
+
+
+async def test_list_by_id_prefix_keeps_the_ids_that_start_with_it(backend: Backend) -> None:
+    ids = ["ap", "app", "apple", "apple-pie", "apple.2", "apples", "apq", "b-apple", "APPLE"]
+    await backend.ledger.schedules_create(
+        SchedulesCreate(
+            [schedule(sid, tenant_id="globex" if sid == "apples" else "acme") for sid in ids]
+        )
+    )
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page = await backend.ledger.schedules_list(
+            SchedulesList(id_prefix="apple", cursor=cursor, limit=2)
+        )
+        seen += [s.schedule_id for s in page.items]
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert seen == ["apple", "apple-pie", "apple.2", "apples"]
+    acme = await backend.ledger.schedules_list(SchedulesList(id_prefix="apple", tenant_id="acme"))
+    assert [s.schedule_id for s in acme.items] == ["apple", "apple-pie", "apple.2"]
+    everything = await backend.ledger.schedules_list(SchedulesList(id_prefix=""))
+    assert len(everything.items) == len(ids)
+    assert (await backend.ledger.schedules_list(SchedulesList(id_prefix="zz"))).items == []
+    with pytest.raises(InvalidField):
+        await backend.ledger.schedules_list(SchedulesList(id_prefix="a" * 129))
+
+
+# --- execution statistics --------------------------------------------------------------------
+
+
+async def test_stats_count_planned_started_on_time_dead_letters_starts_and_skips(
+    backend: Backend,
+) -> None:
+    first, skipped, retried, other = ids_in_partition(5, 4)
+    await backend.ledger.schedules_create(
+        SchedulesCreate(
+            [
+                schedule(first),
+                schedule(skipped),
+                schedule(retried),
+                schedule(other, tenant_id="globex"),
+            ]
+        )
+    )
+    fence = await own(backend, 5)
+    now = (await backend.ledger.database_now()).replace(microsecond=0)
+    start = now - timedelta(minutes=10)
+    early, late = start + timedelta(seconds=5), start + timedelta(seconds=130)
+    await planned(backend, fence, [first], start - timedelta(seconds=1))  # before the range
+    await planned(backend, fence, [first, skipped, other], early)
+    await planned(backend, fence, [retried], late)
+    claim = ExecutionsClaim(
+        [fence],
+        [execution_id(first, early), execution_id(retried, late)],
+        attempt_lease_s=30,
+        node_id="n",
+    )
+    assert len(await backend.ledger.executions_claim(claim)) == 2
+    done = [
+        Completion(execution_id(first, early), 1, Outcome.DEAD_LETTER, error_code="boom"),
+        Completion(execution_id(retried, late), 1, Outcome.FAILED, now - timedelta(seconds=1)),
+    ]
+    await backend.ledger.executions_complete(ExecutionsComplete([fence], done))
+    [again] = await backend.ledger.executions_claim(claim)
+    assert again.attempt == 2  # its first start is attempt 1's, from the history
+    await backend.ledger.executions_skip(
+        ExecutionsSkip([fence], [execution_id(skipped, early)], "overlap")
+    )
+
+    stats = await backend.ledger.executions_stats(
+        ExecutionsStats(planned_from=start, bucket_s=60, buckets=12, on_time_s=500)
+    )
+    assert len(stats) == 12
+    b0, b2, b10 = stats[0], stats[2], stats[10]
+    assert (b0.planned, b0.started, b0.on_time, b0.dead_letters) == (3, 1, 0, 1)
+    assert (b2.planned, b2.started, b2.on_time, b2.dead_letters) == (1, 1, 1, 0)
+    assert 595 <= b0.plan_lag_s_max < 620  # written ten minutes after their instant
+    assert 470 <= b2.plan_lag_s_max < 495
+    assert (b10.starts, b10.skips) == (2, 1)  # the retry is no first start
+    quiet = [b for i, b in enumerate(stats) if i not in (0, 2, 10)]
+    assert all(b == type(b)() for b in quiet)
+    assert sum(b.planned for b in stats) == 4  # the fire before the range is not counted
+
+    globex = await backend.ledger.executions_stats(
+        ExecutionsStats(start, 60, 12, 500, tenant_id="globex")
+    )
+    assert [b.planned for b in globex] == [1] + [0] * 11
+    assert sum(b.starts + b.skips for b in globex) == 0
+    strict = await backend.ledger.executions_stats(ExecutionsStats(start, 60, 12, 0.0))
+    assert sum(b.on_time for b in strict) == 0
+    nobody = await backend.ledger.executions_stats(ExecutionsStats(start, 60, 3, 1, "nobody"))
+    assert nobody == [type(nobody[0])()] * 3
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"planned_from": datetime(2026, 1, 1)},
+        {"buckets": 0},
+        {"buckets": STATS_BUCKETS_MAX + 1},
+        {"bucket_s": 0},
+        {"bucket_s": STATS_BUCKET_S_MAX + 1},
+        {"on_time_s": -1.0},
+        {"on_time_s": float("nan")},
+    ],
+)
+async def test_stats_refuse_out_of_bounds_ranges(
+    backend: Backend, change: dict[str, object]
+) -> None:
+    now = await backend.ledger.database_now()
+    params = msgspec.structs.replace(ExecutionsStats(now, 60, 60, 1.0), **change)
+    with pytest.raises(InvalidField):
+        await backend.ledger.executions_stats(params)

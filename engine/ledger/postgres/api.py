@@ -12,6 +12,7 @@ ledger.postgres.schedules`.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -21,6 +22,8 @@ from engine.ledger.base import (
     CENSUS_GROUPS_MAX,
     ChangeKind,
     ExecutionsBackfill,
+    ExecutionsBucket,
+    ExecutionsStats,
     ExecutionsTrigger,
     ScheduleGroup,
     SchedulesCensus,
@@ -31,6 +34,7 @@ from engine.ledger.common import (
     backfill_audit_details,
     backfill_in_future,
     backfill_instants,
+    check_stats,
     check_token_hash,
     token_audit_details,
     token_hash_taken,
@@ -186,6 +190,41 @@ async def schedules_census(store: Store, params: SchedulesCensus) -> list[Schedu
                 sql_api.SCHEDULES_CENSUS_OF_TENANT, limit, params.tenant_id
             )
     return [group_from_row(row) for row in rows]
+
+
+# --- execution statistics ---------------------------------------------------------------------
+
+
+async def executions_stats(store: Store, params: ExecutionsStats) -> list[ExecutionsBucket]:
+    start = check_stats(params)
+    end = start + timedelta(seconds=params.bucket_s * params.buckets)
+    arguments: list[Any] = [start, end, params.bucket_s, float(params.on_time_s)]
+    query = sql_api.EXECUTIONS_STATS
+    if params.tenant_id is not None:
+        query = sql_api.EXECUTIONS_STATS_OF_TENANT
+        arguments.append(params.tenant_id)
+    async with store.connection() as connection:
+        rows = await connection.fetch(query, *arguments)
+    planned: dict[int, asyncpg.Record] = {}
+    happened: dict[int, asyncpg.Record] = {}
+    for row in rows:
+        if 0 <= row["bucket"] < params.buckets:
+            (happened if row["happened"] else planned)[row["bucket"]] = row
+    buckets = []
+    for index in range(params.buckets):
+        p, h = planned.get(index), happened.get(index)
+        buckets.append(
+            ExecutionsBucket(
+                planned=p["planned"] if p else 0,
+                started=p["started"] if p else 0,
+                on_time=p["on_time"] if p else 0,
+                dead_letters=p["dead_letters"] if p else 0,
+                plan_lag_s_max=p["plan_lag_s_max"] if p else 0.0,
+                starts=h["planned"] if h else 0,
+                skips=h["started"] if h else 0,
+            )
+        )
+    return buckets
 
 
 # --- helpers ---------------------------------------------------------------------------------

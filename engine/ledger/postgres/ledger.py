@@ -46,6 +46,7 @@ from engine.ledger.base import (
     DeadLettersReplay,
     ExecutionDetail,
     ExecutionsBackfill,
+    ExecutionsBucket,
     ExecutionsClaim,
     ExecutionsComplete,
     ExecutionsDue,
@@ -55,6 +56,7 @@ from engine.ledger.base import (
     ExecutionsQuery,
     ExecutionsRequeueExpired,
     ExecutionsSkip,
+    ExecutionsStats,
     ExecutionsTrigger,
     LeasesAcquire,
     LeasesRelease,
@@ -264,6 +266,9 @@ class PostgresLedger:
 
     async def executions_query(self, params: ExecutionsQuery) -> Page[Execution]:
         return await self._run(executions.executions_query, params)
+
+    async def executions_stats(self, params: ExecutionsStats) -> list[ExecutionsBucket]:
+        return await self._run(api.executions_stats, params)
 
     async def dead_letters_replay(self, params: DeadLettersReplay) -> list[str]:
         return await self._run(audit.dead_letters_replay, params)

@@ -18,7 +18,7 @@ locks its row first and skips its pending executions (pausing), like a delete.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 import asyncpg
 
@@ -44,6 +44,7 @@ from engine.ledger.base import (
     unknown_task_types,
 )
 from engine.ledger.common import (
+    check_id_prefix,
     quota_exceeded,
 )
 from engine.ledger.postgres import sql, sql_api
@@ -56,6 +57,8 @@ from engine.ledger.postgres.rows import (
 )
 from engine.ledger.postgres.store import Store
 from engine.model import Schedule, check_payload_size, validate_identifier
+
+_CODE_POINT_MAX: Final = "\U0010ffff"
 
 
 async def schedules_create(store: Store, params: SchedulesCreate) -> list[Schedule]:
@@ -190,12 +193,17 @@ async def schedules_list(store: Store, params: SchedulesList) -> Page[Schedule]:
     ]
     if after is not None:
         filters.append(after)
+    prefix = check_id_prefix(params.id_prefix)
+    if prefix:
+        # Every id (an identifier: ASCII) that starts with the prefix sorts below this bound.
+        filters += [prefix, prefix + _CODE_POINT_MAX, prefix]
     query = sql.schedules_list(
         tenant=params.tenant_id is not None,
         task_type=params.task_type is not None,
         enabled=params.enabled is not None,
         partition=params.partition_id is not None,
         after=after is not None,
+        prefix=bool(prefix),
     )
     async with store.connection() as connection:
         rows = await connection.fetch(query, *filters, limit + 1)

@@ -404,15 +404,24 @@ table has no foreign key: checking one on every completion cost a fifth of its t
 
 @functools.cache
 def schedules_list(
-    *, tenant: bool, task_type: bool, enabled: bool, partition: bool, after: bool
+    *,
+    tenant: bool,
+    task_type: bool,
+    enabled: bool,
+    partition: bool,
+    after: bool,
+    prefix: bool = False,
 ) -> str:
-    """Live schedules by id; parameters in order: the filters given, the cursor id, limit."""
+    """Live schedules by id; parameters in order: the filters given, the cursor id, the id
+    prefix (three parameters: the prefix, its upper bound, the prefix), limit. The prefix
+    is a range of the primary key, ``starts_with`` keeping it exact within the range."""
     fragments = [
         ("tenant_id = ${}", tenant),
         ("task_type = ${}", task_type),
         ("enabled = ${}", enabled),
         ("partition_id = ${}", partition),
         ("schedule_id > ${}", after),
+        ("schedule_id >= ${} AND schedule_id < ${} AND starts_with(schedule_id, ${})", prefix),
     ]
     where, count = _where(["deleted_at IS NULL"], fragments)
     return (

@@ -119,3 +119,62 @@ rarely, and an index on the six columns would cost every schedule write."""
 
 SCHEDULES_CENSUS_OF_TENANT: Final = _CENSUS.format(tenant="AND tenant_id = $2")
 """:data:`SCHEDULES_CENSUS` of tenant ``$2`` (a range of schedules_tenant_live_idx)."""
+
+# --- execution statistics ----------------------------------------------------------------
+
+_STATS: Final = """
+WITH RECURSIVE tenants AS (
+    {tenants}
+), picked AS (
+    SELECT e.planned_at, e.status, e.attempt, e.enqueued_at, e.finished_at,
+           CASE WHEN e.attempt = 1 THEN e.started_at
+                WHEN e.attempt > 1 THEN (
+                    SELECT a.started_at FROM execution_attempts AS a
+                    WHERE a.execution_id = e.execution_id AND a.attempt = 1)
+           END AS first_started_at
+    FROM tenants AS t
+    CROSS JOIN LATERAL (
+        SELECT execution_id, planned_at, status, attempt, enqueued_at, started_at, finished_at
+        FROM executions
+        WHERE tenant_id = t.tenant_id AND planned_at >= $1 AND planned_at < $2
+        OFFSET 0  -- kept a per-tenant range: never flattened into a scan of the table
+    ) AS e
+    WHERE t.tenant_id IS NOT NULL
+)
+SELECT false AS happened,
+       floor(extract(epoch FROM planned_at - $1) / $3)::int AS bucket,
+       count(*) AS planned,
+       count(first_started_at) AS started,
+       count(*) FILTER (
+           WHERE first_started_at - planned_at <= make_interval(secs => $4)) AS on_time,
+       count(*) FILTER (WHERE status = 'dead-letter') AS dead_letters,
+       max(greatest(0, extract(epoch FROM least(enqueued_at, first_started_at) - planned_at)))
+           ::float8 AS plan_lag_s_max
+FROM picked GROUP BY bucket
+UNION ALL
+SELECT true, floor(extract(epoch FROM coalesce(first_started_at, finished_at) - $1) / $3)::int,
+       count(first_started_at), count(*) - count(first_started_at), 0, 0, 0
+FROM picked
+WHERE first_started_at IS NOT NULL OR (status = 'skipped' AND attempt = 0)
+GROUP BY 2
+"""
+
+EXECUTIONS_STATS: Final = _STATS.format(
+    tenants="""(SELECT tenant_id FROM executions ORDER BY tenant_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT e.tenant_id FROM executions AS e WHERE e.tenant_id > t.tenant_id
+            ORDER BY e.tenant_id LIMIT 1)
+    FROM tenants AS t WHERE t.tenant_id IS NOT NULL"""
+)
+"""Histograms of the executions planned in ``[$1, $2)`` in buckets of ``$3`` seconds, ``$4``
+the on-time bound: one row per bucket by planned time (``happened`` false: planned,
+started, on time, dead letters, plan lag) and one per bucket by when first attempts started
+(``happened`` true: starts in ``planned``, skips in ``started``); the caller drops buckets
+outside the range. No index leads with planned_at, and one there would cost every
+execution write; instead the tenants are walked with a loose index scan of
+executions_tenant_idx (one probe per distinct tenant) and each tenant's range of it read:
+the cost is a probe per tenant plus the executions of the range. Attempt 1's start is
+read from execution_attempts' key only for executions past their first attempt."""
+
+EXECUTIONS_STATS_OF_TENANT: Final = _STATS.format(tenants="SELECT $5::text AS tenant_id")
+""":data:`EXECUTIONS_STATS` of tenant ``$5``: one range of executions_tenant_idx."""
