@@ -7,9 +7,10 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 RUN_ARGS ?=
+CHAOS_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test unit lint typecheck fmt run bench clean chromium console-screenshots
+.PHONY: help install test unit lint typecheck fmt run bench clean chromium console-screenshots chaos chaos-quick sim-long
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -53,6 +54,15 @@ run: $(STAMP) ## Migrate, mint an admin token, and start a node with its API and
 	@echo "  export CARILLON_TOKEN_FILE=.carillon/admin-token"
 	@echo "  .venv/bin/carillon executions list --schedule demo-every-10s"
 	$(BIN)/carillon run --demo $(RUN_ARGS)
+
+chaos: $(STAMP) ## Real-process chaos: 3 nodes, 2,000 schedules, 5 min of SIGKILL, SIGSTOP, a PostgreSQL restart
+	$(BIN)/python -m simulations.chaos $(CHAOS_ARGS)
+
+chaos-quick: $(STAMP) ## The ~80 s chaos run (part of make test)
+	$(BIN)/python -m simulations.chaos --quick $(CHAOS_ARGS)
+
+sim-long: $(STAMP) ## Thousands of seeds of the deterministic simulator (docs/simulation.md)
+	$(BIN)/python -m simulations sweep --seeds 1..5000
 
 bench: $(STAMP) ## Run the benchmarks and rewrite docs/benchmarks.md
 	$(BIN)/python benchmarks/bench_cron.py

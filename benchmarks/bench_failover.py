@@ -84,7 +84,9 @@ class Run:
     figures: dict[str, float] = field(default_factory=dict)
 
 
-def start_nodes(url: str, k: int, lease_ttl_s: float, logs: Path) -> list[subprocess.Popen[bytes]]:
+def start_nodes(
+    url: str, k: int, lease_ttl_s: float, attempt_lease_s: float, logs: Path
+) -> list[subprocess.Popen[bytes]]:
     margin = max(0.5, lease_ttl_s / 10)
     processes = []
     for i in range(k):
@@ -92,7 +94,8 @@ def start_nodes(url: str, k: int, lease_ttl_s: float, logs: Path) -> list[subpro
         command = [
             sys.executable, "-m", "engine", "run", "--database-url", url, "--node-id",
             f"failover-{i}", "--lease-ttl", str(lease_ttl_s), "--lease-safety-margin",
-            str(margin), "--http", "", "--log-format", "json", "--log-level", "warning",
+            str(margin), "--attempt-lease", str(attempt_lease_s), "--http", "",
+            "--log-format", "json", "--log-level", "warning",
         ]  # fmt: skip
         processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
     return processes
@@ -186,7 +189,7 @@ def one_run(server_url: str, n: int, k: int, args: argparse.Namespace, logs: Pat
     try:
         burst_at = trio.run(create_schedules, url, n)
         admin(url, SLOW_NOOP.format(delay_s=args.handler_delay))
-        processes = start_nodes(url, k, args.lease_ttl, logs)
+        processes = start_nodes(url, k, args.lease_ttl, args.attempt_lease, logs)
         figures = uvloop.run(_measure(url, processes, burst_at, args.kill_after, args.timeout))
         return Run(figures)
     finally:
@@ -220,7 +223,8 @@ def report(args: argparse.Namespace, runs: list[Run]) -> tuple[str, bool]:
         f"{machine()}; revision {revision()}; {datetime.now(UTC):%Y-%m-%d}.",
         f"{args.schedules:,} executions due at one instant (a `noop` of {args.handler_delay:g} s "
         f"each), {args.nodes} `carillon run` "
-        f"processes (lease TTL {args.lease_ttl:g} s, default settings otherwise); "
+        f"processes (lease TTL {args.lease_ttl:g} s, attempt lease {args.attempt_lease:g} s, "
+        f"default settings otherwise); "
         f"{args.kill_after:g} s after the instant the node owning the most partitions is "
         f"SIGKILLed. Median (min-max) over {len(runs)} runs, database clock:",
         "",
@@ -255,6 +259,9 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--lease-ttl", type=float, default=15.0)
     parser.add_argument("--kill-after", type=float, default=1.0, help="seconds after T")
+    parser.add_argument(
+        "--attempt-lease", type=float, default=60.0, help="the nodes' attempt lease (default 60)"
+    )
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds after the kill")
     parser.add_argument(
         "--handler-delay", type=float, default=0.05, help="seconds each noop execution takes"
@@ -262,7 +269,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.schedules, args.runs, args.lease_ttl, args.timeout = 2_000, 1, 3.0, 120.0
-        args.handler_delay = 0.2
+        args.handler_delay, args.attempt_lease = 0.2, 5.0
     logs = Path(os.environ.get("CARILLON_BENCH_LOGS", "/tmp")) / f"failover-{os.getpid()}"
     logs.mkdir(parents=True, exist_ok=True)
     with resolve_database() as database:

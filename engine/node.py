@@ -51,7 +51,12 @@ from engine.actors.planner_supervisor import PlannerSupervisor, PlannerSuperviso
 from engine.actors.redeliverer import Redeliverer, RedelivererConfig, RedelivererStatistics
 from engine.actors.retention import RetentionConfig, RetentionKeeper, RetentionStatistics
 from engine.actors.supervisor import ChildSpec, Supervisor, SupervisorStatistics
-from engine.actors.workers import WorkerPool, WorkerPoolConfig, WorkerStatistics
+from engine.actors.workers import (
+    WorkerPool,
+    WorkerPoolConfig,
+    WorkerStatistics,
+    renew_check_s_for,
+)
 from engine.api.app import ANONYMOUS_BURST, ANONYMOUS_RATE_PER_S, ApiConfig, ApiContext
 from engine.api.auth import Authenticator
 from engine.api.server import ApiServer
@@ -137,7 +142,9 @@ class Node:
         self.completions = CompletionWriter(CompletionWriterConfig(), ledger, self.table, rng)
         self.limits = ConcurrencyLimits()
         self.workers = WorkerPool(
-            WorkerPoolConfig(workers=config.workers),
+            WorkerPoolConfig(
+                workers=config.workers, renew_check_s=renew_check_s_for(config.attempt_lease_s)
+            ),
             ledger,
             clock,
             self.completions,
@@ -238,6 +245,7 @@ class Node:
                 anonymous_burst=ANONYMOUS_BURST,
             ),
             metrics_protected=config.metrics_protected,
+            slo_target_s=config.slo_target_s,
             metrics=lambda accept: render(self.metrics.registry, accept),
         )
         return ApiServer(ApiConfig(bind=config.http), context)

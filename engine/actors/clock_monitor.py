@@ -2,11 +2,19 @@
 
 Every ``interval_s`` it reads the database time between two local readings and takes
 ``offset = db - local midpoint`` (a probe whose round trip exceeds the bound is discarded:
-it cannot measure to that precision). Planning uses ``now() + offset`` (the *corrected* time),
-so a node whose clock runs fast does not plan early. If the median offset of the last
-``samples`` probes exceeds ``bound_s`` or the offsets spread more than ``bound_s`` (the
-clock is jumping), planning pauses until the measurements recover; before the first
-successful probe it is paused too.
+it cannot measure to that precision). If the median offset of the last ``samples`` probes
+exceeds ``bound_s`` or the offsets spread more than ``bound_s`` (the clock is jumping),
+planning pauses until the measurements recover; before the first successful probe it is
+paused too.
+
+The *corrected* time that planning and dispatch use, :meth:`ClockMonitor.now`, is the
+database time measured by the probes carried forward on the **monotonic** clock (the median
+over the same samples of ``db - monotonic midpoint``), so it never reads the local wall
+clock: a node whose clock runs fast does not plan early, and a wall-clock step between two
+probes -- or during a database outage, when no probe succeeds -- cannot move it. (Carried
+forward on the wall clock instead, a clock stepped five minutes ahead while the database was
+down made the planner, back in business before the next probe, record the next five
+minutes of fires as missed, and skip them.)
 """
 
 from __future__ import annotations
@@ -53,6 +61,9 @@ class ClockMonitor:
         self._rng = rng
         self._offsets: deque[float] = deque(maxlen=config.samples)
         self._offset_s = 0.0
+        self._anchors: deque[datetime] = deque(maxlen=config.samples)
+        """``db - monotonic midpoint`` of each sample, as an instant at monotonic zero."""
+        self._anchor: datetime | None = None
         self._allowed = False
         self._reason = "no measurement yet"
         self._changed = trio.Event()
@@ -79,6 +90,8 @@ class ClockMonitor:
         midpoint = before + timedelta(seconds=elapsed / 2)
         self._offsets.append((database - midpoint).total_seconds())
         self._offset_s = statistics.median(self._offsets)
+        self._anchors.append(database - timedelta(seconds=before_mono + elapsed / 2))
+        self._anchor = statistics.median_low(self._anchors)
         spread = max(self._offsets) - min(self._offsets)
         bound = self.config.bound_s
         if abs(self._offset_s) > bound:
@@ -89,8 +102,11 @@ class ClockMonitor:
             self._set(True, "ok")
 
     def now(self) -> datetime:
-        """The local wall time corrected by the measured offset."""
-        return self._clock.now() + timedelta(seconds=self._offset_s)
+        """The database time, as measured by the probes and carried forward on the monotonic
+        clock; the local wall time until the first probe succeeds."""
+        if self._anchor is None:
+            return self._clock.now()
+        return self._anchor + timedelta(seconds=self._clock.monotonic())
 
     @property
     def planning_allowed(self) -> bool:

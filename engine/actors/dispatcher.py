@@ -332,16 +332,21 @@ class Dispatcher:
 
     async def _claim_and_submit(self, admitted: list[Execution]) -> int:
         try:
-            claimed, lease_s = await self._claim(admitted) if admitted else ([], 0.0)
+            claimed, lease_s, claimed_at = (
+                await self._claim(admitted) if admitted else ([], 0.0, 0.0)
+            )
             for execution in claimed:
-                await self._workers.submit(Work(execution, execution.partition_id or 0, lease_s))
+                await self._workers.submit(
+                    Work(execution, execution.partition_id or 0, lease_s, claimed_at)
+                )
         finally:
             self._dispatching.difference_update(execution.execution_id for execution in admitted)
             self._claiming -= len(admitted)
         return len(claimed)
 
-    async def _claim(self, batch: list[Execution]) -> tuple[list[Execution], float]:
-        """The executions of ``batch`` claimed, and the attempt lease they got."""
+    async def _claim(self, batch: list[Execution]) -> tuple[list[Execution], float, float]:
+        """The executions of ``batch`` claimed, the attempt lease they got, and the monotonic
+        time at which the successful claim was sent (their attempt leases run from then)."""
         by_id = {execution.execution_id: execution for execution in batch}
         fences: dict[int, Fence] = {}
         for execution in batch:
@@ -351,6 +356,7 @@ class Dispatcher:
         wanted = [e for e in batch if (e.partition_id or 0) in fences]
         claimed: list[Execution] = []
         lease_s = 0.0
+        sent_at = self._clock.monotonic()
         while wanted:
             lease_s = self.config.attempt_lease_s
             params = ExecutionsClaim(
@@ -360,8 +366,8 @@ class Dispatcher:
                 self.config.node_id,
             )
             try:
-                claimed = await retry_unavailable(
-                    functools.partial(self._ledger.executions_claim, params),
+                claimed, sent_at = await retry_unavailable(
+                    functools.partial(self._claim_once, params),
                     rng=self._rng,
                     log=log,
                     what="claim executions",
@@ -378,7 +384,13 @@ class Dispatcher:
                 self.overlap.started_done(execution.schedule_id)
         self._counts["claimed"] += len(started)
         self._counts["not_claimed"] += len(by_id) - len(started)
-        return claimed, lease_s
+        return claimed, lease_s, sent_at
+
+    async def _claim_once(self, params: ExecutionsClaim) -> tuple[list[Execution], float]:
+        """One claim call, and the monotonic time it was sent at: the attempt leases it
+        grants run from no earlier than that (a retry after an outage starts them anew)."""
+        sent_at = self._clock.monotonic()
+        return await self._ledger.executions_claim(params), sent_at
 
     async def refresh_settings(self) -> None:
         """Apply the stored task-type caps and tenant weights and quotas."""

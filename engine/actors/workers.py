@@ -20,13 +20,18 @@ has passed (:meth:`WorkerPool.renew_attempt_leases`, fenced like every write), s
 handler keeps its attempt. An attempt the ledger no longer has running under this number
 (re-queued after all, completed elsewhere), or one of a partition this node no longer
 owns, is *abandoned*: its handler is cancelled, or it never starts, and no completion is
-written -- the attempt that replaced it is the one that counts.
+written -- the attempt that replaced it is the one that counts. A handler also never starts
+once more than :data:`ATTEMPT_START_WITHIN` of its attempt lease has passed since the claim
+or the last renewal *began*: after that, the lease may have run out (a node frozen or cut
+off from the database) and the partition's owner may have re-queued and re-run the
+execution already.
 
 Task types are read from the ledger and cached for ``cache_ttl_s`` (a change reaches the
 workers within that time), schedules through the node's shared
-:class:`~engine.actors.schedule_cache.ScheduleCache`. A task type that cannot be read or
-built fails the attempt as *unknown* -- retried a few times, then dead-lettered -- rather
-than crashing the worker.
+:class:`~engine.actors.schedule_cache.ScheduleCache`. While the ledger is unavailable those
+reads are retried with backoff: a database blip is not the execution's failure and spends
+none of its attempts. A task type that cannot be found or built fails the attempt as
+*unknown* -- retried a few times, then dead-lettered -- rather than crashing the worker.
 """
 
 from __future__ import annotations
@@ -34,9 +39,9 @@ from __future__ import annotations
 import functools
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import msgspec
 import trio
@@ -64,6 +69,8 @@ from engine.model import Execution, TaskType
 
 log = logging.getLogger("carillon.workers")
 
+T = TypeVar("T")
+
 WORKERS_DEFAULT: Final = 32
 CACHE_TTL_S_DEFAULT: Final = 10.0
 TIMEOUT_GRACE_S: Final = 5.0
@@ -81,7 +88,20 @@ RENEW_CHECK_S_DEFAULT: Final = 5.0
 RENEW_AFTER_FRACTION: Final = 1 / 3
 """An attempt lease is renewed once this share of it has passed: two renewals in a row can
 fail (a database blip) before it runs out."""
+ATTEMPT_START_WITHIN: Final = 2 / 3
+"""A claimed execution's handler starts only while less than this share of its attempt
+lease has passed since the claim (or the last renewal) was sent. In normal operation a
+renewal comes once a third has passed; beyond two thirds, renewals have been failing or the
+node was not running, and the lease may run out before the handler is under way."""
 _OUTCOMES: Final = {str(outcome): outcome for outcome in Outcome}
+
+
+def renew_check_s_for(attempt_lease_s: float) -> float:
+    """How often to look at the attempt leases of executions claimed with
+    ``attempt_lease_s``: every :data:`RENEW_CHECK_S_DEFAULT`, or often enough that a lease
+    is renewed by half its length (a 3 s lease checked every 5 s ran out before its first
+    renewal, so every handler longer than the lease was re-queued and abandoned forever)."""
+    return min(RENEW_CHECK_S_DEFAULT, attempt_lease_s * RENEW_AFTER_FRACTION / 2)
 
 
 class WorkerPoolConfig(msgspec.Struct, frozen=True):
@@ -116,6 +136,9 @@ class Work(msgspec.Struct, frozen=True):
     partition_id: int
     attempt_lease_s: float = 60.0
     """The attempt lease it was claimed with, renewed at the same length."""
+    claimed_at: float | None = None
+    """Monotonic time at which the claim was sent: the attempt lease runs from no earlier
+    than that. ``None``: when handed over."""
 
 
 class _Held:
@@ -196,7 +219,8 @@ class WorkerPool:
     async def submit(self, work: Work) -> None:
         """Hand a claimed execution to the workers; waits only when :attr:`free` is 0."""
         key = (work.execution.execution_id, work.execution.attempt)
-        self._held[key] = _Held(work, self._clock.monotonic())
+        claimed_at = self._clock.monotonic() if work.claimed_at is None else work.claimed_at
+        self._held[key] = _Held(work, claimed_at)
         try:
             try:
                 self._send.send_nowait(work)  # room is the rule: the dispatcher counts ``free``
@@ -301,9 +325,13 @@ class WorkerPool:
         policy = RetryPolicy()
         run_started: float | None = None
         try:
-            kind = await self._kind(execution.task_type)
+            # A database blip is not the execution's failure: wait it out (the attempt
+            # lease renewals wait too) instead of spending an attempt as a setup error.
+            kind = await self._read(functools.partial(self._kind, execution.task_type))
             policy = kind.policy
-            schedule = await self.schedules.get(execution.schedule_id)
+            schedule = await self._read(
+                functools.partial(self.schedules.get, execution.schedule_id)
+            )
             context = ExecutionContext(
                 execution_id=execution.execution_id,
                 schedule_id=execution.schedule_id,
@@ -317,6 +345,11 @@ class WorkerPool:
             )
             if held.abandoned:
                 return  # taken away while its context was prepared
+            if self._clock.monotonic() - held.renewed_at >= (
+                work.attempt_lease_s * ATTEMPT_START_WITHIN
+            ):
+                self._abandon(held, "its attempt lease may have run out before it could start")
+                return
             timeout_s = kind.task_type.timeout_s
             delay = self._monitor.now() - execution.planned_at
             self._metrics.execution_started(execution, delay.total_seconds())
@@ -360,6 +393,9 @@ class WorkerPool:
                 result.error_message,
             ),
         )
+
+    async def _read(self, call: Callable[[], Awaitable[T]]) -> T:
+        return await retry_unavailable(call, rng=self._rng, log=log, what="prepare an execution")
 
     # -- attempt leases -----------------------------------------------------------------------
 

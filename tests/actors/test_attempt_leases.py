@@ -7,9 +7,18 @@ from datetime import timedelta
 import trio
 import trio.testing
 
+from engine.actors.workers import Work
 from engine.ledger.base import ExecutionsExtend, TaskTypesPut
-from engine.model import ExecutionStatus, HandlerKind, TaskType
-from tests.actors.harness import START, all_executions, cluster, create, make_schedules
+from engine.model import Execution, ExecutionStatus, HandlerKind, TaskType
+from tests.actors import probe_handlers
+from tests.actors.harness import (
+    PARTITIONS,
+    START,
+    all_executions,
+    cluster,
+    create,
+    make_schedules,
+)
 
 SLOW = TaskType(
     name="noop",
@@ -94,3 +103,47 @@ async def test_the_hand_off_shrinks_to_one_per_worker_when_handlers_are_slow(
         await trio.sleep(3600)
         assert pool.statistics().finished == {"succeeded": 400}
         assert pool.capacity == 4 + 1_000  # instant handlers: a full hand-off
+
+
+PROBE = TaskType(
+    name="probe",
+    kind=HandlerKind.PYTHON,
+    settings={"callable": "tests.actors.probe_handlers:probe"},
+)
+
+
+async def test_a_claimed_execution_never_starts_once_its_attempt_lease_may_have_run_out(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Found by the real-process chaos run (docs/chaos.md): a node resumed after SIGSTOP
+    # started the handlers of executions it had claimed before the pause -- whose attempt
+    # leases had run out meanwhile, so the new owner had re-queued and re-run them already.
+    probe_handlers.reset(run_s=0.0)
+    async with cluster() as c:
+        await c.ledger.task_types_put(TaskTypesPut(PROBE))
+        node = (await c.start_node("n1")).node
+        with trio.fail_after(60):
+            while len(node.table) < PARTITIONS:
+                await trio.sleep(1)
+        partition = next(iter(node.table))
+        owned = node.table.get(partition)
+        assert owned is not None
+
+        async def run(key: str, claimed_s_ago: float) -> None:
+            execution = Execution(
+                execution_id=f"{key}:2026-03-02T00:00:00Z", schedule_id=key, tenant_id="t",
+                task_type="probe", planned_at=START, status=ExecutionStatus.RUNNING, attempt=1,
+                fencing_token=owned.fence.fencing_token, partition_id=partition,
+            )  # fmt: skip
+            node.limits.started("t", "probe")  # as the dispatcher does when it claims
+            claimed_at = trio.current_time() - claimed_s_ago
+            await node.workers.submit(Work(execution, partition, 60.0, claimed_at))
+            await trio.sleep(0.5)
+
+        await run("just-claimed", 0.0)
+        await run("waited-half-its-lease", 30.0)
+        assert len(probe_handlers.STARTS) == 2
+        abandoned = node.workers.statistics().abandoned
+        await run("claimed-before-a-45-s-freeze", 45.0)
+        assert len(probe_handlers.STARTS) == 2
+        assert node.workers.statistics().abandoned == abandoned + 1

@@ -8,7 +8,7 @@ import msgspec
 import trio
 import trio.testing
 
-from engine.errors import PermanentError
+from engine.errors import LedgerUnavailable, PermanentError
 from engine.handlers import ExecutionContext
 from engine.ledger.base import ExecutionsQuery, TaskTypesPut
 from engine.model import ExecutionStatus, HandlerKind, TaskType
@@ -106,3 +106,39 @@ async def test_a_task_type_this_node_cannot_run_stops_only_its_own_executions(
     assert {(e.status, e.error_code) for e in shell} == {
         (ExecutionStatus.DEAD_LETTER, "setup_error")
     }
+
+
+async def test_a_database_blip_while_preparing_an_execution_spends_no_attempt(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Found by the simulator (seed 2): a worker whose read of the task type failed with
+    ``LedgerUnavailable`` failed the attempt as an unknown ``setup_error`` (and logged an
+    error): a few database blips could dead-letter an execution that never ran."""
+    async with cluster() as c:
+        await create(c.ledger, make_schedules(1, START, lambda n: ("0 * * * *", "UTC")))
+        sim = await c.start_node("n1")
+        get_task_type = c.ledger.task_types_get
+        refusals = 3
+
+        async def blip_then_get(name: str) -> TaskType:
+            nonlocal refusals
+            await trio.lowlevel.checkpoint()
+            if refusals:
+                refusals -= 1
+                raise LedgerUnavailable("connection reset")
+            return await get_task_type(name)
+
+        async def none_listed() -> list[TaskType]:
+            # The dispatcher's periodic read would otherwise keep the workers' cache warm.
+            await trio.lowlevel.checkpoint()
+            return []
+
+        sim.ledger.task_types_get = blip_then_get  # type: ignore[method-assign]
+        sim.ledger.task_types_list = none_listed  # type: ignore[method-assign]
+        await trio.sleep(3600 + 120)
+    assert refusals == 0
+    [execution] = await all_executions(c.ledger)
+    assert execution.status is ExecutionStatus.SUCCEEDED
+    assert execution.attempt == 1
+    detail = await c.ledger.executions_get(execution.execution_id)
+    assert [a.outcome for a in detail.attempts] == ["succeeded"]

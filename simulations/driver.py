@@ -1,0 +1,122 @@
+"""The simulated API client: creates the workload and changes schedules during the run.
+
+It writes through the ledger exactly as the HTTP API does (the same ``engine.api.
+schedule_input`` rules decide ``next_run_at``: the next fire after now on create, retime and
+resume; kept on a payload change), with a correct clock, and retries while the whole
+database is down (the API answers 503; the client tries again).
+
+Every change is recorded as a :class:`Revision` -- when it committed (database time), the
+definition in force from then on, and the ``next_run_at`` the ledger held just before -- the
+history the expectation is computed from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Final
+
+import trio
+
+from engine.api import schedule_input
+from engine.ledger.base import SchedulesCreate, SchedulesDelete, SchedulesUpdate, TaskTypesPut
+from engine.ledger.memory import MemoryLedger
+from engine.model import HandlerKind, Schedule, TaskType
+from simulations.clocks import DatabaseClock
+from simulations.params import TaskSettings
+from simulations.proxy import Network
+from simulations.scenario import ScheduleChange
+from simulations.trace import Trace
+from simulations.workload import TASK_TYPE, SimSchedule
+
+RETRY_S: Final = 1.0
+HANDLER: Final = "simulations.effects:deliver"
+
+
+@dataclass(frozen=True)
+class Revision:
+    at: datetime
+    """Database time the change committed."""
+    action: str
+    schedule: SimSchedule | None
+    """The definition in force from ``at`` on; ``None`` while paused or once deleted."""
+    next_run_before: datetime | None
+    """The schedule's stored ``next_run_at`` read just before the change."""
+
+
+class ApiClient:
+    def __init__(
+        self, ledger: MemoryLedger, clock: DatabaseClock, network: Network, trace: Trace
+    ) -> None:
+        self._ledger = ledger
+        self._clock = clock
+        self._network = network
+        self._trace = trace
+        self.history: dict[str, list[Revision]] = {}
+        self._definitions: dict[str, SimSchedule] = {}
+
+    async def setup(self, task: TaskSettings, schedules: list[SimSchedule]) -> None:
+        """The ``sim`` task type and the initial schedules."""
+        await self._ledger.task_types_put(
+            TaskTypesPut(
+                TaskType(
+                    name=TASK_TYPE,
+                    kind=HandlerKind.PYTHON,
+                    settings={"callable": HANDLER, "timeout_s": task.timeout_s},
+                    timeout_s=task.timeout_s,
+                    max_attempts=task.max_attempts,
+                    backoff_base_s=task.backoff_base_s,
+                    backoff_max_s=task.backoff_max_s,
+                )
+            )
+        )
+        for schedule in schedules:
+            await self._create(schedule)
+
+    async def apply(self, change: ScheduleChange) -> None:
+        """Carry out ``change``, waiting out a database outage first."""
+        while self._network.unavailable(""):
+            await trio.sleep(RETRY_S)
+        if change.action == "create":
+            assert change.schedule is not None
+            await self._create(change.schedule)
+            return
+        current = await self._ledger.schedules_get(change.schedule_id)
+        now = self._clock.now()
+        in_force: SimSchedule | None
+        if change.action in ("payload", "retime"):
+            assert change.schedule is not None
+            in_force = change.schedule
+            wanted = schedule_input.replace_with_spec(current, in_force.spec(), now=now)
+        elif change.action == "pause":
+            in_force = None
+            wanted = schedule_input.paused(current)
+        elif change.action == "resume":
+            in_force = self._definitions[change.schedule_id]
+            wanted = schedule_input.resumed(current, now=now)
+        else:
+            await self._ledger.schedules_delete(SchedulesDelete(change.schedule_id))
+            self._record(change.schedule_id, "delete", None, current.next_run_at)
+            return
+        await self._ledger.schedules_update(SchedulesUpdate(wanted, current.version))
+        if in_force is not None:
+            self._definitions[change.schedule_id] = in_force
+        self._record(change.schedule_id, change.action, in_force, current.next_run_at)
+
+    async def _create(self, schedule: SimSchedule) -> None:
+        now = self._clock.now()
+        stored: Schedule = schedule_input.schedule_from_spec(
+            schedule.spec(), schedule_id=schedule.schedule_id, tenant_id=schedule.tenant_id, now=now
+        )
+        await self._ledger.schedules_create(SchedulesCreate([stored]))
+        self._definitions[schedule.schedule_id] = schedule
+        self._record(schedule.schedule_id, "create", schedule, None)
+
+    def _record(
+        self, schedule_id: str, action: str, schedule: SimSchedule | None, before: datetime | None
+    ) -> None:
+        revision = Revision(self._clock.now(), action, schedule, before)
+        self.history.setdefault(schedule_id, []).append(revision)
+        self._trace.emit(
+            "api", action, schedule_id, "-" if schedule is None else schedule.describe()
+        )

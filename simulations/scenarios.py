@@ -1,0 +1,275 @@
+"""Named scenarios: each draws a fault timeline for the safety phase from its own stream.
+
+``calm`` has no faults at all (the baseline: tight start delays). Each of the others stresses
+one kind of trouble; ``random`` draws a little of everything. All faults start after a
+warm-up (the cluster has formed) and end before the safety phase does.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Final
+
+from simulations.params import NodeSettings
+from simulations.scenario import (
+    CommitUnknown,
+    Crash,
+    Fault,
+    HandlerFaults,
+    Join,
+    Jump,
+    Leave,
+    Outage,
+    Pause,
+    ScheduleChange,
+    Skew,
+    SlowLedger,
+    StuckRenewals,
+)
+from simulations.workload import SimSchedule, draw_schedule, retimed, with_payload
+
+WARM_UP_S: Final = 120.0
+COOL_DOWN_S: Final = 30.0
+EVERYDAY: Final = HandlerFaults(transient_p=0.03, lost_reply_p=0.02, permanent_p=0.01, hang_p=0.01)
+
+
+@dataclass
+class Context:
+    rng: random.Random
+    nodes: tuple[str, ...]
+    safety_s: float
+    settings: NodeSettings
+    schedules: tuple[SimSchedule, ...]
+    start: datetime
+    transition: tuple[str, datetime] | None
+
+
+@dataclass
+class Built:
+    faults: list[Fault] = field(default_factory=list)
+    handler: HandlerFaults = EVERYDAY
+
+
+def _at(ctx: Context, length_s: float = 0.0) -> float:
+    """A start time for a fault lasting ``length_s`` inside the safety phase."""
+    latest = max(WARM_UP_S, ctx.safety_s - COOL_DOWN_S - length_s)
+    return round(ctx.rng.uniform(WARM_UP_S, latest), 3)
+
+
+def _magnitude(rng: random.Random, low: float, high: float) -> float:
+    """Log-uniform in ``[low, high]`` with a random sign (1 s ... 300 s alike)."""
+    value = math.exp(rng.uniform(math.log(low), math.log(high)))
+    return round(value if rng.random() < 0.5 else -value, 3)
+
+
+def _links(ctx: Context) -> tuple[str, ...]:
+    """The whole database, or one node's connection to it."""
+    return () if ctx.rng.random() < 0.5 else (ctx.rng.choice(ctx.nodes),)
+
+
+def calm(ctx: Context) -> Built:
+    return Built(handler=HandlerFaults())
+
+
+def crash(ctx: Context, count: int | None = None) -> Built:
+    ttl = ctx.settings.lease_ttl_s
+    faults: list[Fault] = []
+    for _ in range(count or ctx.rng.randint(1, 3)):
+        kind = ctx.rng.random()
+        down = (
+            ctx.rng.uniform(1, ttl)
+            if kind < 0.3
+            else ctx.rng.uniform(ttl, 4 * ttl)
+            if kind < 0.7
+            else ctx.rng.uniform(60, 600)
+            if kind < 0.95
+            else None
+        )
+        down = None if down is None else round(down, 3)
+        faults.append(Crash(_at(ctx, down or 0), ctx.rng.choice(ctx.nodes), down))
+    return Built(faults)
+
+
+def zombie(ctx: Context, count: int | None = None) -> Built:
+    ttl = ctx.settings.lease_ttl_s
+    faults: list[Fault] = []
+    for _ in range(count or ctx.rng.randint(1, 3)):
+        factor = ctx.rng.uniform(1.2, 5.0) if ctx.rng.random() < 0.8 else ctx.rng.uniform(0.2, 0.9)
+        duration = round(ttl * factor, 3)
+        faults.append(Pause(_at(ctx, duration), ctx.rng.choice(ctx.nodes), duration))
+    return Built(faults)
+
+
+def skew(ctx: Context, count: int | None = None) -> Built:
+    faults: list[Fault] = []
+    for node in ctx.nodes:
+        if ctx.rng.random() < 0.5:
+            duration = round(ctx.rng.uniform(60, 1800), 3)
+            magnitude = _magnitude(ctx.rng, 1, 300)
+            faults.append(Skew(_at(ctx, duration), node, magnitude, duration))
+    for _ in range(count or ctx.rng.randint(1, 4)):
+        settle = round(ctx.rng.uniform(5, 600), 3)
+        delta = _magnitude(ctx.rng, 1, 300)
+        faults.append(Jump(_at(ctx, settle), ctx.rng.choice(ctx.nodes), delta, settle))
+    return Built(faults)
+
+
+def outage(ctx: Context, count: int | None = None) -> Built:
+    ttl = ctx.settings.lease_ttl_s
+    faults: list[Fault] = []
+    for _ in range(count or ctx.rng.randint(1, 2)):
+        duration = round(ctx.rng.uniform(2, 120) if ctx.rng.random() < 0.8 else 300.0, 3)
+        faults.append(Outage(_at(ctx, duration), duration))
+    for _ in range(ctx.rng.randint(0, 2)):
+        duration = round(ctx.rng.uniform(5, 4 * ttl), 3)
+        faults.append(Outage(_at(ctx, duration), duration, (ctx.rng.choice(ctx.nodes),)))
+    for _ in range(ctx.rng.randint(0, 2)):
+        duration = round(ctx.rng.uniform(30, 600), 3)
+        latency = round(ctx.rng.uniform(0.05, 3.0), 3)
+        faults.append(SlowLedger(_at(ctx, duration), duration, latency, _links(ctx)))
+    return Built(faults)
+
+
+def commit_unknown(ctx: Context, count: int | None = None) -> Built:
+    faults: list[Fault] = []
+    for _ in range(count or ctx.rng.randint(1, 3)):
+        duration = round(ctx.rng.uniform(30, 900), 3)
+        p = round(ctx.rng.uniform(0.05, 0.5), 3)
+        faults.append(CommitUnknown(_at(ctx, duration), duration, p, _links(ctx)))
+    return Built(faults)
+
+
+def redelivery(ctx: Context, count: int | None = None) -> Built:
+    lease = ctx.settings.attempt_lease_s
+    faults: list[Fault] = []
+    for _ in range(count or ctx.rng.randint(1, 3)):
+        # Long enough that handlers hanging meanwhile need renewals, and lose their attempt.
+        duration = round(ctx.rng.uniform(3 * lease + 60, 10 * lease + 300), 3)
+        faults.append(StuckRenewals(_at(ctx, duration), ctx.rng.choice(ctx.nodes), duration))
+    handler = HandlerFaults(transient_p=0.08, lost_reply_p=0.05, permanent_p=0.02, hang_p=0.12)
+    return Built(faults, handler)
+
+
+def rebalance(ctx: Context, count: int | None = None) -> Built:
+    faults: list[Fault] = []
+    present = list(ctx.nodes)
+    gone: list[str] = []
+    joined = 0
+    times = sorted(_at(ctx) for _ in range(count or ctx.rng.randint(2, 5)))
+    for at in times:
+        roll = ctx.rng.random()
+        if roll < 0.4 and len(present) > 1:
+            node = ctx.rng.choice(present)
+            present.remove(node)
+            gone.append(node)
+            faults.append(Leave(at, node))
+        elif roll < 0.6 and gone:
+            node = gone.pop(0)  # the same id comes back as a new process
+            present.append(node)
+            faults.append(Join(at, node))
+        else:
+            joined += 1
+            node = f"n{len(ctx.nodes) + joined}"
+            present.append(node)
+            faults.append(Join(at, node))
+    return Built(faults)
+
+
+def churn(ctx: Context, count: int | None = None) -> Built:
+    """Schedules created, changed, paused, resumed and deleted during the safety phase."""
+    rng = ctx.rng
+    dst_zone = None if ctx.transition is None else ctx.transition[0]
+    live = {s.schedule_id: s for s in ctx.schedules}
+    paused: set[str] = set()
+    faults: list[Fault] = []
+    created = 0
+    for at in sorted(_at(ctx) for _ in range(count or rng.randint(4, 12))):
+        action = rng.choices(
+            ["create", "payload", "retime", "pause", "resume", "delete"], [3, 2, 3, 2, 2, 1]
+        )[0]
+        active = sorted(set(live) - paused)
+        if action == "create" or not active:
+            sid = f"s{100 + created:03d}"
+            created += 1
+            live[sid] = draw_schedule(rng, sid, dst_zone=dst_zone, minutely_ok=False)
+            faults.append(ScheduleChange(at, "create", sid, live[sid]))
+        elif action == "resume" and paused:
+            sid = rng.choice(sorted(paused))
+            paused.discard(sid)
+            faults.append(ScheduleChange(at, "resume", sid))
+        elif action == "payload":
+            sid = rng.choice(active)
+            live[sid] = with_payload(rng, live[sid])
+            faults.append(ScheduleChange(at, "payload", sid, live[sid]))
+        elif action == "retime":
+            sid = rng.choice(active)
+            live[sid] = retimed(rng, live[sid], dst_zone=dst_zone)
+            faults.append(ScheduleChange(at, "retime", sid, live[sid]))
+        elif action == "delete":
+            sid = rng.choice(active)
+            del live[sid]
+            faults.append(ScheduleChange(at, "delete", sid))
+        else:
+            sid = rng.choice(active)
+            paused.add(sid)
+            faults.append(ScheduleChange(at, "pause", sid))
+    return Built(faults)
+
+
+def dst(ctx: Context, count: int | None = None) -> Built:
+    """Crashes timed so that the restart falls inside the repeated (or skipped) hour."""
+    built = Built()
+    if ctx.transition is None:
+        return built
+    _, instant = ctx.transition
+    at_transition = (instant - ctx.start).total_seconds()
+    for _ in range(count or ctx.rng.randint(1, 2)):
+        restart = at_transition + ctx.rng.uniform(-3600, 3600)
+        down = round(ctx.rng.uniform(5, 120), 3)
+        at = max(WARM_UP_S, round(restart - down, 3))
+        if at + down < ctx.safety_s - COOL_DOWN_S:
+            built.faults.append(Crash(at, ctx.rng.choice(ctx.nodes), down))
+    if ctx.rng.random() < 0.5:
+        built.faults += zombie(ctx, 1).faults
+    return built
+
+
+def random_mix(ctx: Context) -> Built:
+    """A little of everything: each kind of fault with probability one half."""
+    built = Built()
+    kinds: list[Callable[[Context, int | None], Built]] = [
+        crash,
+        zombie,
+        skew,
+        outage,
+        commit_unknown,
+        redelivery,
+        rebalance,
+        churn,
+    ]
+    for kind in kinds:
+        if ctx.rng.random() < 0.5:
+            built.faults += kind(ctx, ctx.rng.randint(1, 2) if kind is not churn else None).faults
+    built.faults += dst(ctx).faults
+    roll = ctx.rng.random()
+    built.handler = EVERYDAY if roll < 0.7 else redelivery(ctx, 1).handler
+    return built
+
+
+SCENARIOS: Final[dict[str, Callable[[Context], Built]]] = {
+    "calm": calm,
+    "crash": crash,
+    "zombie": zombie,
+    "skew": skew,
+    "outage": outage,
+    "commit-unknown": commit_unknown,
+    "redelivery": redelivery,
+    "rebalance": rebalance,
+    "churn": churn,
+    "dst": dst,
+    "random": random_mix,
+}
