@@ -109,6 +109,7 @@ class PlannerSupervisor:
             metrics=self._metrics,
         )
         stepped_down: str | None = None  # the lease-loss reason, once this planner gives up
+        resume = False  # stopped by its deadline, but the window was extended since
         try:
             with trio.CancelScope(deadline=owned.trusted_until) as scope:
                 owned.scope = scope
@@ -121,6 +122,13 @@ class PlannerSupervisor:
             if scope.cancelled_caught and owned.trusted_until <= trio.current_time():
                 log.warning("partition %d: trust window ended; planner stopped", partition_id)
                 stepped_down = LEASE_LOST_EXPIRED
+            elif scope.cancelled_caught and self._table.get(partition_id) is owned:
+                # The deadline passed while a renewal was in flight (a slow database), and
+                # the renewal then moved the window on: the lease is ours and trusted, so
+                # plan on. (Found by the simulator, seed 238: the planner was gone while the
+                # partition stayed owned and renewed, unplanned until the node's partitions
+                # changed.)
+                resume = True
         finally:
             owned.scope = None
             self._forecast.forget(partition_id)
@@ -134,7 +142,9 @@ class PlannerSupervisor:
                 # The lease keeper counts the partitions it drops itself; this one it will
                 # find gone, so the loss is counted here (once: only one of them drops it).
                 self._metrics.lease_lost(stepped_down)
-            owned.stopped.set()
+            if not resume:
+                owned.stopped.set()
             current = self._table.get(partition_id)
-            if current is not None and current is not owned and self._nursery is not None:
-                self._start_missing()  # re-acquired while this planner was stopping
+            restart = current is not None and (current is not owned or resume)
+            if restart and self._nursery is not None:
+                self._start_missing()  # re-acquired while this planner was stopping, or resumed

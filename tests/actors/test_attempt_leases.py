@@ -147,3 +147,31 @@ async def test_a_claimed_execution_never_starts_once_its_attempt_lease_may_have_
         await run("claimed-before-a-45-s-freeze", 45.0)
         assert len(probe_handlers.STARTS) == 2
         assert node.workers.statistics().abandoned == abandoned + 1
+
+
+async def test_an_attempt_lease_shorter_than_the_renewal_check_is_renewed_in_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Found by the simulator (seeds 130 and 152): attempt leases were looked at every 5 s
+    whatever their length, so a 3 s lease ran out before its first renewal; the attempt was
+    re-queued, the renewal then found it gone and abandoned it, and a handler longer than
+    the lease never finished, attempt after attempt."""
+    twenty_seconds = TaskType(
+        name="noop",
+        kind=HandlerKind.NOOP,
+        settings={"delay_s": 20, "timeout_s": 60},
+        timeout_s=60,
+    )
+    async with cluster(attempt_lease_s=3) as c:
+        await create(c.ledger, make_schedules(3, START, lambda n: ("0 * * * *", "UTC")))
+        await c.ledger.task_types_put(TaskTypesPut(twenty_seconds))
+        node = (await c.start_node("n1")).node
+        await trio.sleep(3600 + 300)
+        statistics = node.workers.statistics()
+    executions = await all_executions(c.ledger)
+    assert len(executions) == 3
+    for execution in executions:
+        assert execution.status is ExecutionStatus.SUCCEEDED
+        assert execution.attempt == 1
+    assert statistics.abandoned == 0
+    assert statistics.renewed >= 3 * 10  # every second or so of 20 s, per execution

@@ -111,7 +111,7 @@ async def test_a_task_type_this_node_cannot_run_stops_only_its_own_executions(
 async def test_a_database_blip_while_preparing_an_execution_spends_no_attempt(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """Found by the simulator (seed 2): a worker whose read of the task type failed with
+    """Found by the simulator (seed 5): a worker whose read of the task type failed with
     ``LedgerUnavailable`` failed the attempt as an unknown ``setup_error`` (and logged an
     error): a few database blips could dead-letter an execution that never ran."""
     async with cluster() as c:
