@@ -10,7 +10,7 @@ RUN_ARGS ?=
 CHAOS_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test unit lint typecheck fmt run bench clean chromium console-screenshots chaos chaos-quick sim-long
+.PHONY: help install test unit lint typecheck fmt run bench bench-peer clean chromium console-screenshots chaos chaos-quick sim-long
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -69,6 +69,10 @@ bench: $(STAMP) ## Run the benchmarks and rewrite docs/benchmarks.md
 	$(BIN)/python benchmarks/bench_ledger.py
 	$(BIN)/python benchmarks/bench_planner.py
 	$(BIN)/python benchmarks/bench_burst.py
+	$(BIN)/python benchmarks/bench_peer.py
+
+bench-peer: $(STAMP) ## The same burst on Carillon and on APScheduler 4 (its own .bench-peers/venv)
+	$(BIN)/python benchmarks/bench_peer.py
 
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

@@ -285,7 +285,7 @@ def jain(values: list[float]) -> float:
     return sum(values) ** 2 / (len(values) * squares) if squares else 1.0
 
 
-async def _ledger_figures(url: str, n: int, burst_at: datetime, timeout_s: float) -> dict[str, Any]:
+async def ledger_figures(url: str, n: int, burst_at: datetime, timeout_s: float) -> dict[str, Any]:
     connection = await asyncpg.connect(url)
     try:
         row = await connection.fetchrow(FIGURES, burst_at, SLO_S)
@@ -374,7 +374,7 @@ def one_variant(
     try:
         burst_at = trio.run(create_schedules, url, n)
         result = trio.run(engine_phase, url, n, burst_at, variant, timeout_s)
-        result |= uvloop.run(_ledger_figures(url, n, burst_at, timeout_s))
+        result |= uvloop.run(ledger_figures(url, n, burst_at, timeout_s))
         if ceiling:
             result |= uvloop.run(_ceiling(url, n, burst_at))
             result["ratio"] = result["executions_per_s"] / result["ceiling_cycle_per_s"]

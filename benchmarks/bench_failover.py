@@ -48,6 +48,7 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._nodes import LEASES, start_nodes, stop_nodes, wait_balanced
 from benchmarks._report import machine, revision, summary, write_section
 from benchmarks.bench_burst import admin, create_schedules
 from engine.ledger.database import resolve_database, url_with_database
@@ -57,7 +58,6 @@ SLOW_NOOP: Final = (
     """UPDATE task_types SET settings = '{{"delay_s": {delay_s}}}' WHERE name = 'noop'"""
 )
 """Each execution takes a moment, so that the burst is still running when the node dies."""
-LEASES: Final = "SELECT partition_id, owner_id, expires_at > now() AS live FROM partition_leases"
 NOW: Final = "SELECT now()"
 UNFINISHED: Final = """
 SELECT EXISTS (SELECT 1 FROM executions WHERE status IN ('queued', 'failed'))
@@ -84,36 +84,15 @@ class Run:
     figures: dict[str, float] = field(default_factory=dict)
 
 
-def start_nodes(
+def start_failover_nodes(
     url: str, k: int, lease_ttl_s: float, attempt_lease_s: float, logs: Path
 ) -> list[subprocess.Popen[bytes]]:
     margin = max(0.5, lease_ttl_s / 10)
-    processes = []
-    for i in range(k):
-        log = (logs / f"node-{i}.log").open("wb")
-        command = [
-            sys.executable, "-m", "engine", "run", "--database-url", url, "--node-id",
-            f"failover-{i}", "--lease-ttl", str(lease_ttl_s), "--lease-safety-margin",
-            str(margin), "--attempt-lease", str(attempt_lease_s), "--http", "",
-            "--log-format", "json", "--log-level", "warning",
-        ]  # fmt: skip
-        processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
-    return processes
-
-
-async def _wait_balanced(connection: asyncpg.Connection, k: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        rows = await connection.fetch(LEASES)
-        owners: dict[str, int] = {}
-        for row in rows:
-            if row["live"] and row["owner_id"]:
-                owners[row["owner_id"]] = owners.get(row["owner_id"], 0) + 1
-        balanced = len(owners) == k and max(owners.values()) - min(owners.values()) <= 1
-        if balanced and sum(owners.values()) == len(rows):
-            return
-        await uvloop_sleep(0.2)
-    raise SystemExit("the nodes did not share the partitions in time")
+    options = [
+        "--lease-ttl", str(lease_ttl_s), "--lease-safety-margin", str(margin),
+        "--attempt-lease", str(attempt_lease_s),
+    ]  # fmt: skip
+    return start_nodes(url, k, logs, name="failover", options=options)
 
 
 async def uvloop_sleep(seconds: float) -> None:
@@ -131,7 +110,8 @@ async def _measure(
 ) -> dict[str, float]:
     connection = await asyncpg.connect(url)
     try:
-        await _wait_balanced(connection, len(processes), 60.0)
+        if not await wait_balanced(connection, len(processes), 60.0):
+            raise SystemExit("the nodes did not share the partitions in time")
         now = await connection.fetchval(NOW)
         await uvloop_sleep(max(0.0, (burst_at - now).total_seconds() + kill_after_s))
         rows = await connection.fetch(LEASES)
@@ -189,19 +169,11 @@ def one_run(server_url: str, n: int, k: int, args: argparse.Namespace, logs: Pat
     try:
         burst_at = trio.run(create_schedules, url, n)
         admin(url, SLOW_NOOP.format(delay_s=args.handler_delay))
-        processes = start_nodes(url, k, args.lease_ttl, args.attempt_lease, logs)
+        processes = start_failover_nodes(url, k, args.lease_ttl, args.attempt_lease, logs)
         figures = uvloop.run(_measure(url, processes, burst_at, args.kill_after, args.timeout))
         return Run(figures)
     finally:
-        for process in processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in processes:
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_nodes(processes)
         admin(server_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 

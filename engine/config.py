@@ -76,7 +76,8 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     burst_lookahead_extra_s_max: float = BURST_LOOKAHEAD_EXTRA_S_MAX_DEFAULT
     """The most a burst's lead may exceed ``lookahead_s``."""
     clock_skew_bound_s: float = CLOCK_SKEW_BOUND_S_DEFAULT
-    """Planning pauses while the local clock is further than this from the database's."""
+    """Planning pauses while the node cannot tell the database time to within this (a probe
+    round trip, or disagreeing probes); the wall clock's own offset does not matter."""
     clock_probe_interval_s: float = CLOCK_PROBE_INTERVAL_S_DEFAULT
     change_poll_interval_s: float = CHANGE_POLL_INTERVAL_S_DEFAULT
     """Longest wait for a schedule change notification before polling the feed anyway."""

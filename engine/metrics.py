@@ -150,6 +150,8 @@ class NodeGauges(msgspec.Struct, frozen=True, kw_only=True):
     clock_spread_s: float | None
     planning_allowed: bool
     live_nodes: int
+    region_standby: bool = False
+    region_epoch: int | None = None
 
 
 def node_gauges(
@@ -183,6 +185,8 @@ def node_gauges(
         clock_spread_s=statistics.clock.spread_s,
         planning_allowed=statistics.clock.planning_allowed,
         live_nodes=len(statistics.membership.live_nodes),
+        region_standby=statistics.membership.standby,
+        region_epoch=statistics.membership.region_epoch,
     )
 
 
@@ -565,7 +569,8 @@ _NODE_GAUGES: Final[tuple[tuple[str, str, _NodePick], ...]] = (
     ),
     (
         "carillon_clock_spread_seconds",
-        "Spread of the recent clock offsets (a jumping clock spreads them).",
+        "How far the recent probes of the database time disagree (planning pauses beyond "
+        "the skew bound).",
         lambda g: g.clock_spread_s,
     ),
     (
@@ -575,8 +580,18 @@ _NODE_GAUGES: Final[tuple[tuple[str, str, _NodePick], ...]] = (
     ),
     (
         "carillon_live_nodes",
-        "Nodes with a live membership heartbeat, as this node sees them.",
+        "Live nodes of the active region, as this node sees them.",
         lambda g: g.live_nodes,
+    ),
+    (
+        "carillon_region_standby",
+        "1 while this node's region is not the active one (it owns nothing), else 0.",
+        lambda g: 1.0 if g.region_standby else 0.0,
+    ),
+    (
+        "carillon_region_epoch",
+        "The cluster's region epoch as this node last read it (moves on each failover).",
+        lambda g: g.region_epoch,
     ),
 )
 

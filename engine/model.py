@@ -225,6 +225,10 @@ class AuditAction(enum.StrEnum):
     """A dead letter was put back in the queue. ``target``: its execution id; ``details``:
     ``reason`` (the operator's, or ``None``), ``attempt`` (its attempt count when replayed)
     and ``error_code`` (the error it was dead-lettered with)."""
+    REGION_FAILOVER = "region.failover"
+    """The active region changed (``carillon region failover``). ``target``: the region made
+    active; ``details``: ``from_region``, ``from_epoch``, ``to_epoch``, ``revoked`` (leases
+    whose owner was cleared) and ``reason``."""
     SCHEDULE_TRIGGER = "schedule.trigger"
     """An operator ran a schedule now. ``target``: the execution id; ``details``:
     ``schedule_id`` and ``reason``."""

@@ -115,7 +115,9 @@ class Node:
             self._planner_lags,
         )
         self.lease_keeper = LeaseKeeper(
-            LeaseKeeperConfig(config.node_id, config.lease_ttl_s, config.lease_safety_margin_s),
+            LeaseKeeperConfig(
+                config.node_id, config.lease_ttl_s, config.lease_safety_margin_s, config.region
+            ),
             ledger,
             clock,
             self.table,

@@ -4,23 +4,21 @@ A fire planned at ``P`` must have its first attempt start (its handler invoked) 
 
 * ``P + B`` when the cluster was healthy around ``P``, where the **healthy pipeline bound**
   ``B = clock_skew_bound + FETCH_INTERVAL + change_poll + 1 s``: the dispatcher's corrected
-  clock may be off by up to the skew bound; a fire nobody announced is found by the
-  fallback fetch; a schedule created just before its first fire reaches the planner within
-  a change poll; one second covers ledger round trips and the claim;
+  clock may be off by up to the skew bound (its probes' precision); a fire nobody announced
+  is found by the fallback fetch; a schedule created just before its first fire reaches the
+  planner within a change poll; one second covers ledger round trips and the claim;
 * otherwise by ``y + B``, where ``[x, y]`` is the *disrupted stretch* that meets
-  ``[P, P + B]``: the union of every applied fault's interval, every clock step, every
-  stretch during which a node's clock was further off than ``clock_skew_bound`` (the
-  engine pauses that node's planning, by design, while it keeps its leases), and the heal,
-  each extended by the **recovery time**
+  ``[P, P + B]``: the union of every applied fault's interval and the heal, each extended
+  by the **recovery time** ``R``. Clock faults (skews and steps of a node's wall clock) are
+  not in it: the engine plans and dispatches on the database-corrected clock, so a wrong
+  wall clock must not delay anything.
 
   ``R = TTL + TTL/3`` (a dead or frozen owner's lease runs out; a survivor's next lease
   cycle takes it) ``+ PLANNER_STOP_WAIT (2 s)`` (a graceful hand-back) ``+ 6.5 s`` (the
-  longest ledger retry backoff, with jitter) ``+ (SAMPLES + 1) x probe_interval`` (after a
-  clock step, planning resumes once the probe window holds only new samples) ``+
-  lookahead`` ``+ attempt_lease + 10 s`` (an attempt claimed by a process that then died,
-  or whose claim reply was lost, is re-queued once its attempt lease runs out, by a
-  redeliverer round, and fetched) ``+ RESTART_DELAY (5 s)`` (a restarted node whose id is
-  still registered is refused, and tried again).
+  longest ledger retry backoff, with jitter) ``+ lookahead`` ``+ attempt_lease + 10 s`` (an
+  attempt claimed by a process that then died, or whose claim reply was lost, is re-queued
+  once its attempt lease runs out, by a redeliverer round, and fetched) ``+ RESTART_DELAY
+  (5 s)`` (a restarted node whose id is still registered is refused, and tried again).
 
 The liveness phase lasts ``R + W + 60 s``, where the **completion allowance** ``W = B +
 max_attempts x (longest handler run + backoff_max x 1.2 + FETCH_INTERVAL) + attempt_lease +
@@ -32,7 +30,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from engine.actors.clock_monitor import SAMPLES_DEFAULT
 from engine.actors.dispatcher import FETCH_INTERVAL_S_DEFAULT
 from engine.actors.lease_keeper import PLANNER_STOP_WAIT_S
 from engine.actors.redeliverer import REDELIVER_INTERVAL_S_DEFAULT
@@ -65,7 +62,6 @@ def recovery_s(params: SimParams) -> float:
         + s.lease_ttl_s / 3
         + PLANNER_STOP_WAIT_S
         + backoff_max
-        + (SAMPLES_DEFAULT + 1) * s.clock_probe_interval_s
         + s.lookahead_s
         + s.attempt_lease_s
         + REDELIVER_INTERVAL_S_DEFAULT
@@ -108,9 +104,7 @@ def ahead_s(params: SimParams) -> float:
 class DelayBound:
     """The start-delay bound of each planned instant (seconds from the start of the run),
     given the ``windows`` during which the run was disturbed: each applied fault's interval
-    (:func:`~simulations.scenario.disruption`), each clock step, the stretches during which
-    a node's clock was further off than the skew bound (its planning is paused then, by
-    design), and the heal."""
+    (:func:`~simulations.scenario.disruption`) except clock faults, and the heal."""
 
     def __init__(self, params: SimParams, windows: list[tuple[float, float]]) -> None:
         self.healthy_s = healthy_bound_s(params)

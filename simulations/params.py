@@ -122,8 +122,9 @@ class SimParams:
     def end_s(self) -> float:
         return self.safety_s + self.liveness_s
 
-    def lines(self) -> list[str]:
-        """Every derived parameter, one per line (printed before a run)."""
+    def lines(self, *, schedules: bool = True) -> list[str]:
+        """Every derived parameter, one per line (printed before a run); ``schedules=False``
+        leaves out the list of schedules (a report that tabulates them itself)."""
         s = self.settings
         out = [
             f"seed {self.seed}  scenario {self.scenario}",
@@ -149,8 +150,9 @@ class SimParams:
         if self.dst_transition is not None:
             zone, at = self.dst_transition
             out.append(f"dst transition {zone} at {at.isoformat()}")
-        out.append(f"schedules ({len(self.schedules)}):")
-        out += [f"  {x.schedule_id} {x.tenant_id} {x.describe()}" for x in self.schedules]
+        if schedules:
+            out.append(f"schedules ({len(self.schedules)}):")
+            out += [f"  {x.schedule_id} {x.tenant_id} {x.describe()}" for x in self.schedules]
         out.append(f"faults ({len(self.faults)}):")
         out += [f"  {describe(f)}" for f in self.faults]
         return out

@@ -15,7 +15,8 @@ Each cycle (every ``ttl / 3``):
 3. **Rebalance** with :func:`~engine.core.ownership.plan_ownership`: hand back extras first
    (drop locally, wait briefly for the planners to stop, release in the ledger, so the
    joining node takes them at once), then acquire free or expired partitions up to the
-   fair share.
+   fair share. A node of a standby region acquires nothing; after a region failover its
+   leases were revoked in the ledger, so its next renewal drops them (step 1).
 
 A database outage never crashes the keeper: calls raise ``LedgerUnavailable``, the cycle is
 cut short, and trust windows run out on their own -- the node steps down and retries.
@@ -35,7 +36,14 @@ from engine.actors.partitions import PartitionTable
 from engine.clock import Clock
 from engine.core.ownership import plan_ownership
 from engine.errors import LedgerUnavailable
-from engine.ledger.base import Fence, LeasesAcquire, LeasesRelease, LeasesRenew, Ledger
+from engine.ledger.base import (
+    REGION_DEFAULT,
+    Fence,
+    LeasesAcquire,
+    LeasesRelease,
+    LeasesRenew,
+    Ledger,
+)
 from engine.metrics import LEASE_LOST_EXPIRED, LEASE_LOST_REFUSED, NodeMetrics
 
 log = logging.getLogger("carillon.leases")
@@ -51,6 +59,7 @@ class LeaseKeeperConfig(msgspec.Struct, frozen=True):
     node_id: str
     ttl_s: float
     safety_margin_s: float
+    region: str = REGION_DEFAULT
 
     @property
     def interval_s(self) -> float:
@@ -162,6 +171,11 @@ class LeaseKeeper:
     async def _rebalance(self) -> None:
         leases = await self._ledger.leases_list()
         now = await self._ledger.database_now()
+        if self.config.node_id not in self._membership.live_nodes:
+            # Another region is active (or this one's standing is unknown): take nothing.
+            # The ledger would refuse anyway; this keeps the fair-share target honest.
+            self._target = 0
+            return
         plan = plan_ownership(self.config.node_id, leases, self._membership.live_nodes, now)
         self._target = plan.target
         if plan.release:
@@ -169,7 +183,9 @@ class LeaseKeeper:
         if plan.acquire:
             started = self._clock.monotonic()
             acquired = await self._ledger.leases_acquire(
-                LeasesAcquire(self.config.node_id, plan.acquire, self.config.ttl_s)
+                LeasesAcquire(
+                    self.config.node_id, plan.acquire, self.config.ttl_s, self.config.region
+                )
             )
             for lease in acquired:
                 fence = Fence(lease.partition_id, self.config.node_id, lease.fencing_token)

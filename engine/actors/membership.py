@@ -3,6 +3,10 @@
 A node is live while its heartbeat row has not expired by the *database's* clock. The live
 set decides each node's fair share of partitions; it is refreshed every ``interval_s``
 (a third of the heartbeat TTL, so one missed beat does not drop the node).
+
+Each beat also reads the cluster settings: only nodes of the *active region* share the
+partitions, so the live set holds the live nodes of that region, and a node of another
+region is on standby (it heartbeats, and acquires nothing).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import trio
 
 from engine.actors.retry import retry_unavailable
 from engine.errors import LedgerUnavailable
-from engine.ledger.base import Ledger, NodesHeartbeat
+from engine.ledger.base import ClusterSettings, Ledger, NodesHeartbeat
 
 log = logging.getLogger("carillon.membership")
 
@@ -36,6 +40,15 @@ class MembershipStatistics(msgspec.Struct, frozen=True):
     live_nodes: list[str]
     heartbeats: int
     failures: int
+    region: str
+    active_region: str | None
+    """The cluster's active region as last read (``None`` before the first beat)."""
+    region_epoch: int | None
+
+    @property
+    def standby(self) -> bool:
+        """Whether this node's region is not the active one (so it owns nothing)."""
+        return self.active_region is not None and self.active_region != self.region
 
 
 class Membership:
@@ -55,6 +68,8 @@ class Membership:
         self._ledger = ledger
         self._rng = rng
         self.live_nodes: list[str] = [config.node_id]
+        self.settings: ClusterSettings | None = None
+        """The cluster settings as of the last beat: active region and region epoch."""
         self._heartbeats = 0
         self._failures = 0
 
@@ -80,8 +95,22 @@ class Membership:
                 planner_lag_s=self._planner_lag_s(),
             )
         )
-        live = [node.node_id for node in await self._ledger.nodes_live()]
-        self.live_nodes = sorted(set(live) | {self.config.node_id})
+        nodes = await self._ledger.nodes_live()
+        settings = await self._ledger.cluster_get()
+        if self.settings is not None and settings != self.settings:
+            log.warning(
+                "region %s is active at epoch %d (was %s at epoch %d)%s",
+                settings.active_region,
+                settings.region_epoch,
+                self.settings.active_region,
+                self.settings.region_epoch,
+                "" if settings.active_region == self.config.region else "; this node stands by",
+            )
+        self.settings = settings
+        active = settings.active_region
+        live = [node.node_id for node in nodes if node.region == active]
+        mine = [self.config.node_id] if self.config.region == active else []
+        self.live_nodes = sorted(set(live) | set(mine))
         self._heartbeats += 1
 
     async def leave(self) -> None:
@@ -92,4 +121,12 @@ class Membership:
             log.warning("could not leave the membership: %s", exc)
 
     def statistics(self) -> MembershipStatistics:
-        return MembershipStatistics(list(self.live_nodes), self._heartbeats, self._failures)
+        settings = self.settings
+        return MembershipStatistics(
+            list(self.live_nodes),
+            self._heartbeats,
+            self._failures,
+            self.config.region,
+            None if settings is None else settings.active_region,
+            None if settings is None else settings.region_epoch,
+        )

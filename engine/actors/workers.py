@@ -288,7 +288,10 @@ class WorkerPool:
             kind = msgspec.structs.replace(cached, expires=expires)
         else:
             handler = build_handler(
-                task_type.kind, task_type.settings, options=self._options, clock=self._clock
+                task_type.kind,
+                task_type.settings,
+                options=self._options,
+                clock=self._monitor.clock(),
             )
             policy = RetryPolicy(
                 max_attempts=task_type.max_attempts,
@@ -374,7 +377,7 @@ class WorkerPool:
             result.kind,
             execution.attempt,
             policy,
-            self._clock.now(),
+            self._monitor.now(),  # retry times are compared with the database's clock
             self._rng,
             retry_after_s=result.retry_after_s,
         )

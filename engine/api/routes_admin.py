@@ -21,13 +21,21 @@ from engine.api.schemas import (
     ForecastSeries,
     NodeView,
     PartitionView,
+    RegionFailoverSpec,
+    RegionView,
     TaskTypeSpec,
     TenantSpec,
     TenantView,
 )
 from engine.core.load_forecast import Group, LoadForecast, forecast
 from engine.errors import NotFound
-from engine.ledger.base import ScheduleGroup, SchedulesCensus, TaskTypesPut, TenantsPut
+from engine.ledger.base import (
+    RegionFailover,
+    ScheduleGroup,
+    SchedulesCensus,
+    TaskTypesPut,
+    TenantsPut,
+)
 from engine.model import TaskType, Tenant, validate_identifier
 
 _BUCKETS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -134,6 +142,7 @@ async def cluster(call: Call) -> Reply:
             n.expires_at,
             n.clock_offset_s,
             owned.get(n.node_id, 0),
+            "active" if n.region == settings.active_region else "standby",
         )
         for n in live_nodes
     ]
@@ -203,6 +212,19 @@ async def get_forecast(call: Call) -> Reply:
             series,
             load.approximated,
         )
+    )
+
+
+async def region_failover(call: Call) -> Reply:
+    """Make another region active on this node's database (a planned switch-over, or the
+    forced failover once this database is the promoted primary). Safe to repeat."""
+    spec: RegionFailoverSpec = call.body
+    change = await call.api.ledger.region_failover(
+        RegionFailover(spec.to_region, call.who.actor, spec.reason)
+    )
+    settings = change.settings
+    return Reply(
+        RegionView(settings.active_region, settings.region_epoch, change.changed, change.revoked)
     )
 
 
@@ -279,6 +301,16 @@ ENDPOINTS: Final = (
         "Nodes, partitions, owners, fencing tokens, lag",
         access=_ADMIN,
         response=ClusterView,
+        tag="admin",
+    ),
+    Endpoint(
+        "POST",
+        "/v1/region:failover",
+        region_failover,
+        "Make a region the active one: bump the region epoch, revoke every lease",
+        access=_ADMIN,
+        body=RegionFailoverSpec,
+        response=RegionView,
         tag="admin",
     ),
     Endpoint(

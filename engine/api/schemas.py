@@ -187,6 +187,24 @@ class NodeView(msgspec.Struct, frozen=True):
     expires_at: datetime
     clock_offset_s: float | None
     partitions: int
+    state: str = "active"
+    """``active`` (its region is the active one) or ``standby``."""
+
+
+class RegionFailoverSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``POST /v1/region:failover``: make ``to_region`` active (see docs/multi-region.md)."""
+
+    to_region: str
+    reason: str | None = None
+
+
+class RegionView(msgspec.Struct, frozen=True):
+    active_region: str
+    region_epoch: int
+    changed: bool
+    """False when the region was active already (running a failover twice is safe)."""
+    revoked: int
+    """Partition leases revoked: the demoted region's nodes stop at their next write."""
 
 
 class PartitionView(msgspec.Struct, frozen=True):

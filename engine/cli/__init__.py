@@ -1,11 +1,11 @@
 """The ``carillon`` command (also ``python -m engine``).
 
 Each subcommand lives in its own module and registers itself through ``add_parser``. Most
-are clients of a node's HTTP API (:mod:`engine.cli.client`); ``migrate``, ``token`` and
-``dlq audit`` talk to the database directly (:mod:`engine.cli.database`); ``run`` starts a
-node and ``preview`` needs neither. Bad input ends with exit code 2 and a single
-``carillon: error: ...`` line on stderr -- never a traceback; operating errors (API or
-database unreachable, a refused request) with exit code 1.
+are clients of a node's HTTP API (:mod:`engine.cli.client`); ``migrate``, ``token``,
+``region`` and ``dlq audit`` talk to the database directly (:mod:`engine.cli.database`);
+``run`` starts a node; ``preview`` and ``simulate`` need neither. Bad input ends with exit
+code 2 and a single ``carillon: error: ...`` line on stderr -- never a traceback; operating
+errors (API or database unreachable, a refused request) with exit code 1.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ from engine.cli import (
     import_crontab,
     migrate,
     preview,
+    region,
     run,
     schedules,
+    simulate,
     task_types,
     tenants,
     tokens,
@@ -63,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
         task_types,
         tenants,
         cluster,
+        region,
+        simulate,
     ):
         module.add_parser(commands)
     return parser

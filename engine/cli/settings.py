@@ -48,7 +48,7 @@ _HELP: Final = {
     "lease_safety_margin_s": "the node stops trusting a lease this long before it expires",
     "lookahead_s": "fires due within this window are written ahead, 0 to 300 seconds",
     "plan_batch_max": "most executions one planner transaction writes, 1 to 10000",
-    "clock_skew_bound_s": "planning pauses while the local clock is further off the database's",
+    "clock_skew_bound_s": "planning pauses while the database time is uncertain by more",
     "clock_probe_interval_s": "time between clock-skew probes",
     "change_poll_interval_s": "longest wait for a schedule-change notification before polling",
     "catchup_grace_s": "a fire less late than this runs normally; older ones follow catch-up",

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
+import msgspec
 import trio
 
 from engine.errors import InvalidField
-from engine.ledger._memory_tables import LeaseTable, seconds
+from engine.ledger._memory_tables import AuditLog, LeaseTable, seconds
 from engine.ledger.base import (
     ClusterSettings,
     LeasesAcquire,
@@ -22,12 +23,17 @@ from engine.ledger.base import (
     LeasesRenew,
     NodeInfo,
     NodesHeartbeat,
+    RegionChange,
+    RegionFailover,
+    token_floor,
+    validate_region,
 )
 from engine.ledger.common import (
     check_clock_offset,
     check_planner_lags,
+    region_failover_details,
 )
-from engine.model import Lease
+from engine.model import AuditAction, Lease, validate_actor, validate_reason
 
 
 class ClusterMethods:
@@ -36,6 +42,7 @@ class ClusterMethods:
     # The ledger's state this half uses (set by MemoryLedger.__init__).
     _settings: ClusterSettings
     _leases: LeaseTable
+    _audit: AuditLog
     _nodes: dict[str, NodeInfo]
 
     def _now(self) -> datetime:
@@ -51,6 +58,25 @@ class ClusterMethods:
         await trio.lowlevel.checkpoint()
         return self._settings
 
+    async def region_failover(self, params: RegionFailover) -> RegionChange:
+        await trio.lowlevel.checkpoint()
+        region = validate_region(params.to_region)
+        actor = validate_actor(params.actor)
+        reason = validate_reason(params.reason)
+        before = self._settings
+        if before.active_region == region and before.region_epoch >= params.epoch_at_least:
+            return RegionChange(before, changed=False, revoked=0)
+        after = msgspec.structs.replace(
+            before,
+            active_region=region,
+            region_epoch=max(before.region_epoch + 1, params.epoch_at_least),
+        )
+        self._settings = after
+        revoked = self._leases.revoke_all()
+        details = region_failover_details(before, after, revoked, reason)
+        self._audit.append(self._now(), actor, AuditAction.REGION_FAILOVER.value, region, details)
+        return RegionChange(after, changed=True, revoked=revoked)
+
     # leases and membership -------------------------------------------------------------------
 
     async def leases_acquire(self, params: LeasesAcquire) -> list[Lease]:
@@ -59,7 +85,16 @@ class ClusterMethods:
             raise InvalidField("owner_id must not be empty")
         ttl = seconds(params.ttl_s, field="ttl_s")
         partitions = self._leases.check_partitions(params.partition_ids)
-        return self._leases.acquire(params.owner_id, partitions, ttl, self._now())
+        settings = self._settings
+        if params.region != settings.active_region:
+            return []  # a standby region's node acquires nothing
+        return self._leases.acquire(
+            params.owner_id,
+            partitions,
+            ttl,
+            self._now(),
+            token_floor=token_floor(settings.region_epoch),
+        )
 
     async def leases_renew(self, params: LeasesRenew) -> list[Lease]:
         await trio.lowlevel.checkpoint()

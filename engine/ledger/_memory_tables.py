@@ -317,7 +317,13 @@ class LeaseTable:
         return distinct
 
     def acquire(
-        self, owner_id: str, partition_ids: list[int], ttl: timedelta, now: datetime
+        self,
+        owner_id: str,
+        partition_ids: list[int],
+        ttl: timedelta,
+        now: datetime,
+        *,
+        token_floor: int = 1,
     ) -> list[Lease]:
         acquired = []
         for partition in partition_ids:
@@ -327,7 +333,7 @@ class LeaseTable:
             row = Lease(
                 partition_id=partition,
                 owner_id=owner_id,
-                fencing_token=row.fencing_token + 1,
+                fencing_token=max(row.fencing_token + 1, token_floor),
                 expires_at=now + ttl,
             )
             self._rows[partition] = row
@@ -355,6 +361,19 @@ class LeaseTable:
                 expires_at=None,
             )
         return len(held)
+
+    def revoke_all(self) -> int:
+        """Clear every lease's owner (tokens kept); returns how many had one."""
+        owned = [p for p, row in self._rows.items() if row.owner_id is not None]
+        for partition in owned:
+            row = self._rows[partition]
+            self._rows[partition] = Lease(
+                partition_id=partition,
+                owner_id=None,
+                fencing_token=row.fencing_token,
+                expires_at=None,
+            )
+        return len(owned)
 
 
 # --- executions -----------------------------------------------------------------------------

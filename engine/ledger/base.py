@@ -44,6 +44,7 @@ from engine.ledger.params import (
     BATCH_ROWS_MAX,
     CENSUS_GROUPS_MAX,
     PAGE_SIZE_MAX,
+    REGION_DEFAULT,
     SCHEDULE_DELETED,
     SCHEDULE_DELETED_MESSAGE,
     SCHEDULE_PAUSED,
@@ -84,6 +85,8 @@ from engine.ledger.params import (
     Page,
     PlannedExecution,
     PlanResult,
+    RegionChange,
+    RegionFailover,
     ScheduleAdvance,
     ScheduleChange,
     ScheduleChangesSince,
@@ -98,6 +101,8 @@ from engine.ledger.params import (
     TokensCreate,
     TokensRevoke,
     due_cursor,
+    token_floor,
+    validate_region,
 )
 from engine.model import (
     ApiToken,
@@ -115,6 +120,7 @@ __all__ = [
     "CENSUS_GROUPS_MAX",
     "IN_USE_SHOWN_MAX",
     "PAGE_SIZE_MAX",
+    "REGION_DEFAULT",
     "SCHEDULE_DELETED",
     "SCHEDULE_DELETED_MESSAGE",
     "SCHEDULE_PAUSED",
@@ -157,6 +163,8 @@ __all__ = [
     "Page",
     "PlanResult",
     "PlannedExecution",
+    "RegionChange",
+    "RegionFailover",
     "ScheduleAdvance",
     "ScheduleChange",
     "ScheduleChangesSince",
@@ -175,7 +183,9 @@ __all__ = [
     "encode_cursor",
     "replay_audit_details",
     "task_type_in_use",
+    "token_floor",
     "unknown_task_types",
+    "validate_region",
 ]
 
 
@@ -193,6 +203,18 @@ class Ledger(Protocol):
 
     async def cluster_get(self) -> ClusterSettings:
         """Partition count, active region and region epoch."""
+        ...
+
+    async def region_failover(self, params: RegionFailover) -> RegionChange:
+        """Make ``to_region`` the active region, in one transaction.
+
+        Unless it already is, at an epoch of at least ``epoch_at_least`` (then nothing
+        changes: running it twice is safe): the region epoch becomes ``max(epoch + 1,
+        epoch_at_least)``, every lease's owner is cleared (tokens kept), so every fence of
+        the old epoch stops holding at once, and an audit event ``region.failover`` is
+        appended (target the region; details ``from_region``, ``from_epoch``, ``to_epoch``,
+        ``revoked``, ``reason``). ``InvalidField`` for a malformed region, actor or reason.
+        """
         ...
 
     # schedules ----------------------------------------------------------------------------
@@ -404,11 +426,13 @@ class Ledger(Protocol):
     # leases and membership -------------------------------------------------------------------
 
     async def leases_acquire(self, params: LeasesAcquire) -> list[Lease]:
-        """Take the listed partitions that are free or expired.
+        """Take the listed partitions that are free or expired, if ``region`` is the
+        cluster's active region (otherwise nothing: a standby region acquires nothing).
 
-        Each acquisition increments the partition's fencing token (tokens are never reused)
-        and sets ``expires_at`` = now + ``ttl_s``. Partitions held by a live owner --
-        including the caller -- are left alone and not returned.
+        Each acquisition draws a fencing token above the partition's last one and at least
+        :func:`token_floor` of the region epoch (tokens are never reused, and a later epoch's
+        are above an earlier one's) and sets ``expires_at`` = now + ``ttl_s``. Partitions
+        held by a live owner -- including the caller -- are left alone and not returned.
         """
         ...
 

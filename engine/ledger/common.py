@@ -23,6 +23,7 @@ from engine.ledger.params import (
     STATS_BUCKET_S_MAX,
     STATS_BUCKETS_MAX,
     TOKEN_HASH_BYTES,
+    ClusterSettings,
     ExecutionsBackfill,
     ExecutionsStats,
 )
@@ -55,6 +56,19 @@ def replay_audit_details(
 ) -> dict[str, Any]:
     """The ``details`` of a ``dead_letter.replay`` audit event."""
     return {"reason": reason, "attempt": attempt, "error_code": error_code}
+
+
+def region_failover_details(
+    before: ClusterSettings, after: ClusterSettings, revoked: int, reason: str | None
+) -> dict[str, Any]:
+    """The ``details`` of a ``region.failover`` audit event."""
+    return {
+        "from_region": before.active_region,
+        "from_epoch": before.region_epoch,
+        "to_epoch": after.region_epoch,
+        "revoked": revoked,
+        "reason": reason,
+    }
 
 
 def trigger_audit_details(schedule_id: str, reason: str | None) -> dict[str, Any]:

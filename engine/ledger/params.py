@@ -21,6 +21,7 @@ from engine.model import (
     Schedule,
     TaskType,
     Tenant,
+    validate_identifier,
 )
 
 BATCH_ROWS_MAX: Final = 10_000
@@ -58,6 +59,24 @@ class Page(msgspec.Struct, Generic[T], frozen=True):
 
     items: list[T]
     next_cursor: str | None
+
+
+REGION_DEFAULT: Final = "default"
+"""The region of a node, and the active region of a cluster, when none is configured."""
+REGION_EPOCH_TOKEN_SHIFT: Final = 32
+"""Fencing tokens drawn under region epoch ``e`` are at least ``(e - 1) << 32``: every token
+of a later epoch is above every token of an earlier one, even on a promoted replica that
+never saw the old primary's last acquisitions."""
+
+
+def token_floor(region_epoch: int) -> int:
+    """The least fencing token an acquisition under ``region_epoch`` may draw."""
+    return ((region_epoch - 1) << REGION_EPOCH_TOKEN_SHIFT) + 1
+
+
+def validate_region(region: str) -> str:
+    """A region name: an identifier (``A-Z a-z 0-9 . _ ~ -``, 1-128 characters)."""
+    return validate_identifier(region, kind="region")
 
 
 class ClusterSettings(msgspec.Struct, frozen=True):
@@ -161,6 +180,27 @@ class LeasesAcquire(msgspec.Struct, frozen=True):
     owner_id: str
     partition_ids: list[int]
     ttl_s: float
+    region: str = REGION_DEFAULT
+    """The caller's region: nothing is acquired unless it is the cluster's active region."""
+
+
+class RegionFailover(msgspec.Struct, frozen=True):
+    """Make ``to_region`` the active region (see :meth:`Ledger.region_failover`)."""
+
+    to_region: str
+    actor: str
+    reason: str | None = None
+    epoch_at_least: int = 0
+    """The epoch to move to at least: fencing an old primary to the new primary's epoch."""
+
+
+class RegionChange(msgspec.Struct, frozen=True):
+    settings: ClusterSettings
+    """The cluster settings after the call."""
+    changed: bool
+    """False when ``to_region`` was already active at an epoch at least ``epoch_at_least``."""
+    revoked: int
+    """Leases whose owner was cleared."""
 
 
 class LeasesRenew(msgspec.Struct, frozen=True):

@@ -13,6 +13,10 @@ The server is tuned for a throwaway cluster (``fsync=off``, no full-page writes)
 shutdown still writes everything, and the run never crashes the machine. :meth:`restart`
 stops it in ``fast`` mode (every client disconnected, open transactions rolled back), starts
 it again, and returns how long it did not accept connections.
+
+Other users (``simulations.regions.replication``) may pass their own ``settings``, append
+``extra_settings`` to one start, skip ``initdb``'s disk flushes, and stop in ``immediate``
+mode (a crash: no shutdown checkpoint, crash recovery on the next start).
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Final, Self
+from typing import Final, Literal, Self
 
 PG_USER: Final = "postgres"
 START_TIMEOUT_S: Final = 60.0
@@ -40,6 +45,8 @@ SERVER_SETTINGS: Final = (
     "listen_addresses=127.0.0.1",
     "log_min_messages=warning",
 )
+
+StopMode = Literal["smart", "fast", "immediate"]
 
 
 def find_binaries() -> Path:
@@ -87,8 +94,15 @@ def accepts_connections(port: int, timeout_s: float = 0.5) -> bool:
 class PrivatePostgres:
     """One throwaway PostgreSQL server; use as a context manager (it is removed on exit)."""
 
-    def __init__(self, *, bin_dir: Path | None = None, base_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        bin_dir: Path | None = None,
+        base_dir: Path | None = None,
+        settings: Sequence[str] = SERVER_SETTINGS,
+    ) -> None:
         self.bin_dir = bin_dir or find_binaries()
+        self.settings = tuple(settings)  # ``-c name=value`` at every start; later ones win
         self.root = Path(tempfile.mkdtemp(prefix="carillon-chaos-pg-", dir=base_dir))
         self.data_dir = self.root / "data"
         self.log_file = self.root / "server.log"
@@ -124,20 +138,22 @@ class PrivatePostgres:
         except OSError:
             return ""
 
-    def initialize(self) -> None:
-        """``initdb`` the data directory (trust authentication for the local superuser)."""
+    def initialize(self, *, sync: bool = True) -> None:
+        """``initdb`` the data directory (trust authentication for the local superuser);
+        ``sync=False`` skips flushing its files to disk (``--no-sync``, seconds faster)."""
         if self._as_other_user:
             shutil.chown(self.root, user=PG_USER, group=None)
             self.root.chmod(0o700)
         self._run(
             "initdb",
             "-D", str(self.data_dir), "-U", PG_USER, "--auth=trust", "--encoding=UTF8",
-            "--no-instructions", "--locale=C",
+            "--no-instructions", "--locale=C", *(() if sync else ("--no-sync",)),
             timeout_s=START_TIMEOUT_S,
         )  # fmt: skip
 
-    def start(self) -> None:
-        options = " ".join(f"-c {setting}" for setting in SERVER_SETTINGS)
+    def start(self, *, extra_settings: Sequence[str] = ()) -> None:
+        """Start with :attr:`settings`, then ``extra_settings`` (which override them)."""
+        options = " ".join(f"-c {setting}" for setting in (*self.settings, *extra_settings))
         self._run(
             "pg_ctl",
             "start", "-D", str(self.data_dir), "-l", str(self.log_file), "-w",
@@ -146,10 +162,11 @@ class PrivatePostgres:
         )  # fmt: skip
         self.running = True
 
-    def stop(self) -> None:
-        """Stop in ``fast`` mode: clients are disconnected, open transactions rolled back."""
+    def stop(self, mode: StopMode = "fast") -> None:
+        """Stop in ``fast`` mode: clients are disconnected, open transactions rolled back
+        (``immediate``: every process quits at once, like a crash, without a checkpoint)."""
         self._run(
-            "pg_ctl", "stop", "-D", str(self.data_dir), "-m", "fast", "-w",
+            "pg_ctl", "stop", "-D", str(self.data_dir), "-m", mode, "-w",
             "-t", str(int(STOP_TIMEOUT_S)),
             timeout_s=STOP_TIMEOUT_S + 5,
         )  # fmt: skip

@@ -22,10 +22,8 @@ the work directory (logs, sink file) is kept when the run fails or when asked to
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -50,7 +48,7 @@ from simulations.chaos.config import HEALED_PERIODS, ChaosConfig, StartDelayBoun
 from simulations.chaos.faults import Cluster, Faults, Timeline, sleep_until
 from simulations.chaos.nodes import NodeSettings, stop_all
 from simulations.chaos.postgres import PrivatePostgres
-from simulations.chaos.sink import read_deliveries
+from simulations.chaos.sink import SinkProcess, read_deliveries
 from simulations.chaos.workload import (
     Api,
     ScheduleSpec,
@@ -61,7 +59,6 @@ from simulations.chaos.workload import (
 from simulations.chaos.zombie import ZombieRecord, check_zombie
 
 DATABASE: Final = "carillon"
-REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 FIRST_FIRE_MARGIN_S: Final = 3.0
 """The first checked fire is at least this long after the schedules were created."""
 DRAIN_POLL_S: Final = 1.0
@@ -96,41 +93,6 @@ def _carillon(*args: str) -> None:
         raise RuntimeError(f"carillon {args[0]} failed: {done.stderr.strip()}")
 
 
-class _Sink:
-    """The sink process (:mod:`simulations.chaos.sink`) and its file."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.path = workdir / "deliveries.tsv"
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "simulations.chaos.sink", "--out", str(self.path)],
-            stdout=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            cwd=REPO_ROOT,
-        )
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()
-        try:
-            self.url = f"http://127.0.0.1:{json.loads(line)['port']}/hook"
-        except (ValueError, KeyError):
-            self.stop()
-            raise RuntimeError(f"the webhook sink did not start: {line!r}") from None
-
-    def keys(self) -> set[str]:
-        with contextlib.suppress(FileNotFoundError), self.path.open() as records:
-            return {line.split("\t", 2)[1] for line in records if line.count("\t") >= 5}
-        return set()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
 def run(config: ChaosConfig, *, workdir: Path | None = None, quiet: bool = False) -> RunResult:
     keep = workdir is not None
     work = workdir or Path(tempfile.mkdtemp(prefix="carillon-chaos-"))
@@ -154,7 +116,7 @@ class _Stage:
 
     postgres: PrivatePostgres
     url: str
-    sink: _Sink
+    sink: SinkProcess
     cluster: Cluster
     specs: list[ScheduleSpec]
     created: float
@@ -169,7 +131,7 @@ def _set_up(config: ChaosConfig, work: Path, stack: contextlib.ExitStack) -> _St
     postgres.psql(DATABASE, audit.INSTALL_SQL)
     token_file = work / "admin-token"
     _carillon("token", "create", "--admin", "--database-url", url, "--save", str(token_file))
-    sink = _Sink(work)
+    sink = SinkProcess(work)
     stack.callback(sink.stop)
     settings = NodeSettings(
         url, config.lease_ttl_s, config.lease_safety_margin_s, config.attempt_lease_s

@@ -17,6 +17,9 @@ and the at-least-once delivery count.
 
 ``GET /summary`` answers ``{"deliveries": n, "keys": k}`` (progress while the run goes on).
 Records are flushed every 0.1 s and on SIGTERM/SIGINT, after which the process exits 0.
+
+:class:`SinkProcess` starts it from a run script (the chaos run, the multi-region game day)
+and reads its file back.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +38,8 @@ from typing import Final, TextIO
 HEAD_BYTES_MAX: Final = 16 * 1024
 BODY_BYTES_MAX: Final = 1024 * 1024
 FLUSH_INTERVAL_S: Final = 0.1
+REPO_ROOT: Final = Path(__file__).resolve().parents[2]
+STOP_TIMEOUT_S: Final = 10.0
 
 
 class Recorder:
@@ -164,6 +170,44 @@ def read_deliveries(path: Path) -> list[tuple[float, str, int, int, float | None
         signed_at = float(signed) if signed else None
         rows.append((float(arrival), key, int(attempt or 0), int(token or 0), signed_at))
     return rows
+
+
+class SinkProcess:
+    """The sink as a child process writing to ``workdir/deliveries.tsv``; :attr:`url` is the
+    webhook URL to give a task type."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.path = workdir / "deliveries.tsv"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "simulations.chaos.sink", "--out", str(self.path)],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=REPO_ROOT,
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        try:
+            self.url = f"http://127.0.0.1:{json.loads(line)['port']}/hook"
+        except (ValueError, KeyError):
+            self.stop()
+            raise RuntimeError(f"the webhook sink did not start: {line!r}") from None
+
+    def keys(self) -> set[str]:
+        """The ``Idempotency-Key`` of every delivery recorded so far."""
+        with contextlib.suppress(FileNotFoundError), self.path.open() as records:
+            return {line.split("\t", 2)[1] for line in records if line.count("\t") >= 5}
+        return set()
+
+    def stop(self) -> None:
+        """SIGTERM (the sink flushes its file and exits), SIGKILL after a timeout."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
 
 
 if __name__ == "__main__":

@@ -42,6 +42,8 @@ class FaultyLedger:
         self._watch_after_resume = False
         self._pause_on: str | None = None
         self.paused_in_flight = trio.Event()
+        self.slow: dict[str, float] = {}
+        """Extra seconds each call of the named method takes (a slow round trip)."""
 
     def pause(self) -> None:
         """Freeze: calls block (shielded) until :meth:`resume`, then go out as sent."""
@@ -75,6 +77,7 @@ class FaultyLedger:
                 with trio.CancelScope(shield=shield):
                     if self._resumed is not None:
                         await self._resumed.wait()
+                    await trio.sleep(self.slow.get(name, 0.0))
                     result = await target(*args)
             except LeaseLost:
                 self.lease_lost.append(name)
@@ -104,9 +107,17 @@ class Cluster:
     nodes: dict[str, SimNode] = field(default_factory=dict)
     config_overrides: dict[str, Any] = field(default_factory=dict)
 
-    async def start_node(self, node_id: str, *, skew_s: float = 0.0) -> SimNode:
+    async def start_node(
+        self,
+        node_id: str,
+        *,
+        skew_s: float = 0.0,
+        slow: dict[str, float] | None = None,
+        region: str | None = None,
+    ) -> SimNode:
         clock = SkewedClock(self.db_clock.now(), skew_s=skew_s)
         proxy = FaultyLedger(self.ledger)
+        proxy.slow.update(slow or {})
         settings: dict[str, Any] = {
             "lease_ttl_s": 15,
             "lease_safety_margin_s": 2,
@@ -116,6 +127,8 @@ class Cluster:
             "http": "",  # many nodes in one process: no HTTP API
         }
         settings.update(self.config_overrides)
+        if region is not None:
+            settings["region"] = region
         config = NodeConfig(node_id=node_id, **settings)
         node = Node(config, proxy, clock, random.Random(node_id))  # type: ignore[arg-type]
         sim = SimNode(node, proxy, clock)

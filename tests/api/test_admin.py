@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from engine.core import load_forecast
-from engine.ledger.base import LeasesAcquire, NodesHeartbeat
-from engine.model import SETTINGS_BYTES_MAX
+from engine.ledger.base import AuditQuery, LeasesAcquire, NodesHeartbeat
+from engine.model import SETTINGS_BYTES_MAX, AuditAction
 from tests.api.support import PARTITIONS, TASK_TYPE, Api, assert_problem
 
 # --- task types ------------------------------------------------------------------------------
@@ -201,6 +201,60 @@ async def test_cluster_view_drops_an_expired_owner(memory_api: Api) -> None:
     view = (await api.client.get("/v1/cluster", headers=api.admin)).json()
     assert view["partitions"][0]["owner_id"] is None
     assert view["nodes"] == []
+
+
+# --- region ----------------------------------------------------------------------------------
+
+
+async def test_a_region_failover_through_the_api_revokes_leases_and_is_safe_to_repeat(
+    api: Api,
+) -> None:
+    await api.ledger.nodes_heartbeat(NodesHeartbeat("node-a", "default", 60.0))
+    await api.ledger.nodes_heartbeat(NodesHeartbeat("node-b", "east", 60.0))
+    await api.ledger.leases_acquire(LeasesAcquire("node-a", [0, 1], 60.0))
+    body = {"to_region": "east", "reason": "planned switch-over"}
+    response = await api.client.post("/v1/region:failover", json=body, headers=api.admin)
+    assert response.status_code == 200
+    assert response.json() == {
+        "active_region": "east",
+        "region_epoch": 2,
+        "changed": True,
+        "revoked": 2,
+    }
+    again = await api.client.post("/v1/region:failover", json=body, headers=api.admin)
+    assert again.json() == {**response.json(), "changed": False, "revoked": 0}
+    view = (await api.client.get("/v1/cluster", headers=api.admin)).json()
+    assert (view["active_region"], view["region_epoch"]) == ("east", 2)
+    assert {n["node_id"]: n["state"] for n in view["nodes"]} == {
+        "node-a": "standby",
+        "node-b": "active",
+    }
+    assert all(p["owner_id"] is None for p in view["partitions"])
+    [event] = await api.ledger.audit_list(AuditQuery(action=AuditAction.REGION_FAILOVER))
+    assert event.actor.startswith("token:")
+    assert event.details["reason"] == "planned switch-over"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"to_region": "east west"}, {"to_region": ""}, {}, {"to_region": "east", "extra": 1}],
+)
+async def test_a_malformed_failover_request_is_refused_and_changes_nothing(
+    api: Api, body: dict[str, Any]
+) -> None:
+    response = await api.client.post("/v1/region:failover", json=body, headers=api.admin)
+    assert response.status_code in (400, 422)
+    assert response.headers["content-type"].startswith("application/problem+json")
+    settings = await api.ledger.cluster_get()
+    assert (settings.active_region, settings.region_epoch) == ("default", 1)
+
+
+async def test_a_tenant_token_may_not_fail_over(api: Api) -> None:
+    response = await api.client.post(
+        "/v1/region:failover", json={"to_region": "east"}, headers=api.tenant("acme")
+    )
+    assert response.status_code == 403
+    assert (await api.ledger.cluster_get()).active_region == "default"
 
 
 # --- forecast --------------------------------------------------------------------------------

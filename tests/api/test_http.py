@@ -273,5 +273,6 @@ def _valid_body(endpoint: Endpoint) -> object:
         "ScheduleBatch": {"schedules": [{"cron_expr": "* * * * *", "task_type": "noop"}]},
         "BackfillIn": {"from": "2026-03-01T00:00:00Z", "to": "2026-03-01T01:00:00Z"},
         "TaskTypeSpec": {"kind": "noop"},
+        "RegionFailoverSpec": {"to_region": "east"},
     }
     return bodies.get(getattr(endpoint.body, "__name__", ""), {})

@@ -7,7 +7,7 @@ clock (``database_now``), because Postgres judges expiry by its ``now()``.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from datetime import datetime, timedelta, timezone
 
 import msgspec
@@ -86,25 +86,11 @@ from tests.ledger.backends import (
     PARTITIONS,
     Backend,
     ids_in_partition,
-    memory_backend,
-    postgres_backend,
     schedule,
 )
 
 TTL_S = 0.6
 """Short enough that expiry tests on real Postgres wait little, long enough to not flake."""
-
-
-@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.postgres)])
-async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
-    if request.param == "memory":
-        async with memory_backend() as opened:
-            yield opened
-    else:
-        database_url = request.getfixturevalue("database_url")
-        template = request.getfixturevalue("postgres_template")
-        async with postgres_backend(database_url, template) as opened:
-            yield opened
 
 
 # --- helpers ---------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+import asyncpg
+
 from engine.errors import ConfigError, InvalidField
 from engine.ledger.base import (
     ClusterSettings,
@@ -17,10 +19,14 @@ from engine.ledger.base import (
     LeasesRenew,
     NodeInfo,
     NodesHeartbeat,
+    RegionChange,
+    RegionFailover,
+    validate_region,
 )
 from engine.ledger.common import (
     check_clock_offset,
     check_planner_lags,
+    region_failover_details,
 )
 from engine.ledger.postgres import sql
 from engine.ledger.postgres.rows import (
@@ -32,7 +38,13 @@ from engine.ledger.postgres.rows import (
     unique,
 )
 from engine.ledger.postgres.store import Store
-from engine.model import Lease, PlannerCheckpoint
+from engine.model import (
+    AuditAction,
+    Lease,
+    PlannerCheckpoint,
+    validate_actor,
+    validate_reason,
+)
 
 
 async def database_now(store: Store, _: None) -> datetime:
@@ -46,11 +58,38 @@ async def cluster_get(store: Store, _: None) -> ClusterSettings:
         row = await connection.fetchrow(sql.CLUSTER_GET)
     if row is None:
         raise ConfigError("the cluster settings are missing; run `carillon migrate`")
+    return _settings_from_row(row)
+
+
+def _settings_from_row(row: asyncpg.Record) -> ClusterSettings:
     return ClusterSettings(
         partition_count=row["partition_count"],
         active_region=row["active_region"],
         region_epoch=row["region_epoch"],
     )
+
+
+async def region_failover(store: Store, params: RegionFailover) -> RegionChange:
+    region = validate_region(params.to_region)
+    actor = validate_actor(params.actor)
+    reason = validate_reason(params.reason)
+    async with store.transaction(control=True) as connection:
+        row = await connection.fetchrow(sql.REGION_LOCK)
+        if row is None:
+            raise ConfigError("the cluster settings are missing; run `carillon migrate`")
+        before = _settings_from_row(row)
+        if before.active_region == region and before.region_epoch >= params.epoch_at_least:
+            return RegionChange(before, changed=False, revoked=0)
+        epoch = max(before.region_epoch + 1, params.epoch_at_least)
+        after = _settings_from_row(await connection.fetchrow(sql.REGION_SET, region, epoch))
+        status = await connection.execute(sql.LEASES_REVOKE_ALL)
+        revoked = int(status.split()[-1])
+        details = region_failover_details(before, after, revoked, reason)
+        await connection.execute(sql.AUDIT_LOCK)
+        await connection.execute(
+            sql.AUDIT_APPEND, actor, AuditAction.REGION_FAILOVER.value, [region], [details]
+        )
+    return RegionChange(after, changed=True, revoked=revoked)
 
 
 async def leases_acquire(store: Store, params: LeasesAcquire) -> list[Lease]:
@@ -66,7 +105,9 @@ async def leases_acquire(store: Store, params: LeasesAcquire) -> list[Lease]:
     if not partitions:
         return []
     async with store.connection(control=True) as connection:
-        rows = await connection.fetch(sql.LEASES_ACQUIRE, partitions, params.owner_id, ttl_s)
+        rows = await connection.fetch(
+            sql.LEASES_ACQUIRE, partitions, params.owner_id, ttl_s, params.region
+        )
     return sorted((lease_from_row(row) for row in rows), key=_by_partition)
 
 

@@ -138,6 +138,11 @@ def translate_errors(url: str | None = None) -> Iterator[None]:
         raise  # a value the driver cannot encode: a bug, not an outage
     except asyncpg.QueryCanceledError as exc:
         raise LedgerUnavailable(f"the database timed out: {exc}") from exc
+    except asyncpg.ReadOnlySQLTransactionError as exc:
+        # A hot standby (another region's replica, not yet promoted) takes reads only: this
+        # node waits, as for an outage, until it is promoted.
+        where = f" at {_redact(url)}" if url else ""
+        raise LedgerUnavailable(f"the database{where} is read-only (a standby?): {exc}") from exc
     except _UNAVAILABLE as exc:
         where = f" at {_redact(url)}" if url else ""
         reason = str(exc) or type(exc).__name__

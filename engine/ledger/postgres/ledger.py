@@ -65,6 +65,8 @@ from engine.ledger.base import (
     NodesHeartbeat,
     Page,
     PlanResult,
+    RegionChange,
+    RegionFailover,
     ScheduleChange,
     ScheduleChangesSince,
     ScheduleGroup,
@@ -137,6 +139,9 @@ class PostgresLedger:
 
     async def cluster_get(self) -> ClusterSettings:
         return await self._run(cluster.cluster_get, None)
+
+    async def region_failover(self, params: RegionFailover) -> RegionChange:
+        return await self._run(cluster.region_failover, params)
 
     # schedules -------------------------------------------------------------------------------
 

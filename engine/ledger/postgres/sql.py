@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 from typing import Final
 
+from engine.ledger.params import REGION_EPOCH_TOKEN_SHIFT
 from engine.ledger.postgres.sql_columns import (
     AUDIT_COLUMNS,
     AUDIT_LOCK_KEY,
@@ -235,21 +236,49 @@ CHANGES_NEWEST: Final = "SELECT coalesce(max(seq), 0) FROM schedule_changes"
 # --- leases, membership, checkpoints ----------------------------------------------------
 
 LEASES_ACQUIRE: Final = f"""
-WITH free AS (
+WITH active AS (
+    SELECT region_epoch FROM cluster_settings WHERE active_region = $4 FOR SHARE
+), free AS (
     SELECT partition_id FROM partition_leases
     WHERE partition_id = ANY($1::integer[])
       AND (owner_id IS NULL OR expires_at IS NULL OR expires_at <= now())
+      AND EXISTS (SELECT 1 FROM active)
     ORDER BY partition_id
     FOR UPDATE SKIP LOCKED
 )
 UPDATE partition_leases AS l
-SET owner_id = $2, fencing_token = l.fencing_token + 1,
+SET owner_id = $2,
+    fencing_token = greatest(
+        l.fencing_token + 1, ((active.region_epoch - 1) << {REGION_EPOCH_TOKEN_SHIFT}) + 1
+    ),
     expires_at = now() + make_interval(secs => $3)
-FROM free WHERE l.partition_id = free.partition_id
+FROM free, active WHERE l.partition_id = free.partition_id
 RETURNING {prefixed(LEASE_COLUMNS, "l")}
 """
-"""Take free or expired partitions. A row locked by someone else's transaction (a rival
-acquiring it, or the previous owner's last fenced write) is skipped, never waited for."""
+"""Take free or expired partitions, only for a node of the active region ($4). A row locked
+by someone else's transaction (a rival acquiring it, or the previous owner's last fenced
+write) is skipped, never waited for. The settings row is share-locked first, so a region
+failover (which locks it for update, then revokes every lease) waits for this to commit, or
+this waits for the failover and then finds the region inactive."""
+
+REGION_LOCK: Final = """
+SELECT partition_count, active_region, region_epoch FROM cluster_settings FOR UPDATE
+"""
+
+REGION_SET: Final = """
+UPDATE cluster_settings SET active_region = $1, region_epoch = $2
+RETURNING partition_count, active_region, region_epoch
+"""
+
+LEASES_REVOKE_ALL: Final = """
+WITH owned AS (
+    SELECT partition_id FROM partition_leases
+    WHERE owner_id IS NOT NULL ORDER BY partition_id FOR UPDATE
+)
+UPDATE partition_leases AS l SET owner_id = NULL, expires_at = NULL
+FROM owned WHERE l.partition_id = owned.partition_id
+"""
+"""Clear every owner, tokens kept (a failover); rows locked in partition order, as always."""
 
 _LEASES_HELD_LOCKED: Final = """
 WITH held AS (

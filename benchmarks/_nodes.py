@@ -1,0 +1,80 @@
+"""Real ``carillon run`` processes for the benchmarks: start, wait until balanced, measure, stop.
+
+Shared by ``bench_failover.py`` (K nodes, one of them SIGKILLed) and ``bench_peer.py`` (one
+and two nodes beside the peer). Node ids are ``<name>-<index>``, so a lease owner maps back
+to its process by the suffix. Every node logs JSON lines at warning level to
+``<logs>/<name>-<index>.log`` and serves no HTTP API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+import asyncpg
+
+STOP_TIMEOUT_S: Final = 20.0
+BALANCE_POLL_S: Final = 0.2
+LEASES: Final = "SELECT partition_id, owner_id, expires_at > now() AS live FROM partition_leases"
+
+
+def start_nodes(
+    url: str, k: int, logs: Path, *, name: str, options: Sequence[str] = ()
+) -> list[subprocess.Popen[bytes]]:
+    """Start K ``carillon run`` processes on ``url`` with ``options`` added to each."""
+    processes = []
+    for i in range(k):
+        log = (logs / f"{name}-{i}.log").open("wb")
+        command = [
+            sys.executable, "-m", "engine", "run", "--database-url", url, "--node-id",
+            f"{name}-{i}", *options, "--http", "", "--log-format", "json",
+            "--log-level", "warning",
+        ]  # fmt: skip
+        processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
+    return processes
+
+
+def stop_nodes(processes: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM the live ones, wait for a graceful stop, SIGKILL whatever outlasts it."""
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak resident set (VmHWM) so far, in MB; NaN once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+async def wait_balanced(connection: asyncpg.Connection, k: int, timeout_s: float) -> bool:
+    """Wait until K live owners share every partition within one; False on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rows = await connection.fetch(LEASES)
+        owners: dict[str, int] = {}
+        for row in rows:
+            if row["live"] and row["owner_id"]:
+                owners[row["owner_id"]] = owners.get(row["owner_id"], 0) + 1
+        balanced = len(owners) == k and max(owners.values()) - min(owners.values()) <= 1
+        if balanced and sum(owners.values()) == len(rows):
+            return True
+        await asyncio.sleep(BALANCE_POLL_S)
+    return False
