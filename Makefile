@@ -8,9 +8,10 @@ STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 RUN_ARGS ?=
 CHAOS_ARGS ?=
+GAMEDAY_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test unit lint typecheck fmt run bench bench-peer clean chromium console-screenshots chaos chaos-quick sim-long
+.PHONY: help install test unit lint typecheck fmt run bench bench-peer clean chromium console-screenshots chaos chaos-quick gameday sim-long
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -61,14 +62,18 @@ chaos: $(STAMP) ## Real-process chaos: 3 nodes, 2,000 schedules, 5 min of SIGKIL
 chaos-quick: $(STAMP) ## The ~80 s chaos run (part of make test)
 	$(BIN)/python -m simulations.chaos --quick $(CHAOS_ARGS)
 
+gameday: $(STAMP) ## Multi-region game day: forced failover + planned switch-over, ~9 min (GAMEDAY_ARGS=--quick)
+	$(BIN)/python -m simulations.regions gameday $(GAMEDAY_ARGS)
+
 sim-long: $(STAMP) ## Thousands of seeds of the deterministic simulator (docs/simulation.md)
 	$(BIN)/python -m simulations sweep --seeds 1..5000
 
 bench: $(STAMP) ## Run the benchmarks and rewrite docs/benchmarks.md
 	$(BIN)/python benchmarks/bench_cron.py
 	$(BIN)/python benchmarks/bench_ledger.py
-	$(BIN)/python benchmarks/bench_planner.py
+	$(BIN)/python benchmarks/bench_scale.py
 	$(BIN)/python benchmarks/bench_burst.py
+	$(BIN)/python benchmarks/bench_failover.py
 	$(BIN)/python benchmarks/bench_peer.py
 
 bench-peer: $(STAMP) ## The same burst on Carillon and on APScheduler 4 (its own .bench-peers/venv)

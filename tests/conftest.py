@@ -29,6 +29,17 @@ async def _execute(url: str, statement: str) -> None:
         await connection.close()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` (the long fuzz, the long sweep, the game day) are skipped unless
+    the run selects them: ``-m slow``."""
+    if "slow" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow: select it with -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def database_server() -> Iterator[ResolvedDatabase]:
     with resolve_database() as resolved:

@@ -9,29 +9,19 @@ The authenticator always runs on a :class:`~engine.testing.ManualClock` (never t
 ``MockClock``, which must not drive real Postgres), so a test moves the token cache and the
 rate limits forward with ``api.clock.advance``.
 
-Tests marked ``slow`` (the long fuzz) are skipped unless the run selects them: ``-m slow``.
+Tests marked ``slow`` (the long fuzz) are skipped unless the run selects them (``-m slow``;
+the hook is in ``tests/conftest.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from engine.testing import ManualClock
 from tests.api.support import START, Api, memory_ledger, prepare_ledger, serve
 from tests.ledger.backends import postgres_backend
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if "slow" in (config.getoption("markexpr") or ""):
-        return
-    here = Path(__file__).parent
-    skip = pytest.mark.skip(reason="slow: select it with -m slow")
-    for item in items:
-        if "slow" in item.keywords and here in item.path.parents:
-            item.add_marker(skip)
 
 
 @pytest.fixture
