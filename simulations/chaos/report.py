@@ -7,11 +7,26 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from simulations.chaos.checks import Figure
 from simulations.chaos.runner import RunResult
 
 
 def _utc(wall_s: float) -> str:
     return datetime.fromtimestamp(wall_s, UTC).strftime("%H:%M:%S")
+
+
+def figure_table(figures: list[Figure]) -> list[str]:
+    """The checks as aligned rows: name, value, bound, verdict (``VIOLATION`` when failed)."""
+    width = max(len(f.name) for f in figures)
+    value_width = max(len(f.value) for f in figures)
+    lines = [f"  {'check':<{width}}  {'value':>{value_width}}  {'bound':<16}  verdict"]
+    for figure in figures:
+        verdict = {True: "ok", False: "VIOLATION", None: ""}[figure.ok]
+        lines.append(
+            f"  {figure.name:<{width}}  {figure.value:>{value_width}}  {figure.bound:<16}  "
+            f"{verdict}".rstrip()
+        )
+    return lines
 
 
 def render(result: RunResult) -> str:
@@ -32,15 +47,7 @@ def render(result: RunResult) -> str:
     for name, value in result.bound.terms():
         lines.append(f"  {name:<58} {value:6.2f} s")
     lines.append(f"  {'= bound':<58} {result.bound.total_s:6.2f} s")
-    width = max(len(f.name) for f in result.figures)
-    value_width = max(len(f.value) for f in result.figures)
-    lines += ["", f"  {'check':<{width}}  {'value':>{value_width}}  {'bound':<16}  verdict"]
-    for figure in result.figures:
-        verdict = {True: "ok", False: "VIOLATION", None: ""}[figure.ok]
-        lines.append(
-            f"  {figure.name:<{width}}  {figure.value:>{value_width}}  {figure.bound:<16}  "
-            f"{verdict}".rstrip()
-        )
+    lines += ["", *figure_table(result.figures)]
     stuck = result.details.get("fires", {}).get("not_succeeded_by_state") or {}
     if stuck:
         lines += ["", "missing fires, by their state in the ledger (status, error, attempt)"]

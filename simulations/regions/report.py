@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from simulations.chaos.report import figure_table
 from simulations.regions.gameday import VariantResult
 
 
@@ -30,15 +31,7 @@ def render(result: VariantResult) -> str:
     lines += [f"  {wall - r.t0:+8.1f} s  {what}" for wall, what in r.timeline]
     lines += ["", "recovery bound (docs/multi-region.md)"]
     lines += [f"  {name:<54} {value:6.2f} s" for name, value in result.bound.terms()]
-    width = max(len(f.name) for f in result.figures)
-    value_width = max(len(f.value) for f in result.figures)
-    lines += ["", f"  {'check':<{width}}  {'value':>{value_width}}  {'bound':<16}  verdict"]
-    for figure in result.figures:
-        verdict = {True: "ok", False: "VIOLATION", None: ""}[figure.ok]
-        lines.append(
-            f"  {figure.name:<{width}}  {figure.value:>{value_width}}  {figure.bound:<16}  "
-            f"{verdict}".rstrip()
-        )
+    lines += ["", *figure_table(result.figures)]
     t = result.timings
     lines += [
         "",
