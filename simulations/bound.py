@@ -70,6 +70,14 @@ def recovery_s(params: SimParams) -> float:
     )
 
 
+def failover_startup_s(params: SimParams) -> float:
+    """How long after a region failover region B's nodes may take to hold the partitions:
+    they start at the failover and acquire at their first lease cycle; a node that starts
+    after another of its region takes its share at the next cycle (``TTL / 3``). The
+    recovery time ``R`` is added on top, as after any disruption."""
+    return params.settings.lease_ttl_s / 3
+
+
 def completion_s(params: SimParams) -> float:
     """``W``: how long a startable fire may take to run through all its attempts."""
     s, task = params.settings, params.task

@@ -112,7 +112,13 @@ class FireChecker:
             if e.execution_id not in self.sinks.applied:
                 self._fail(f"{where} succeeded without its effect")
         elif e.status is ExecutionStatus.DEAD_LETTER:
-            last = max(self._by_id.get(e.execution_id, []), key=lambda d: d.attempt, default=None)
+            # The attempt the ledger dead-lettered: after an unfenced region failover the
+            # old region may have delivered a later-numbered attempt of its own elsewhere.
+            delivered = self._by_id.get(e.execution_id, [])
+            last = next(
+                (d for d in delivered if d.attempt == e.attempt),
+                max(delivered, key=lambda d: d.attempt, default=None),
+            )
             if last is None or last.fate not in FAILING_FATES:
                 self.report.misses += 1
                 self._fail(f"{where} dead-lettered without an injected failure")

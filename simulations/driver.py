@@ -8,10 +8,18 @@ database is down (the API answers 503; the client tries again).
 Every change is recorded as a :class:`Revision` -- when it committed (database time), the
 definition in force from then on, and the ``next_run_at`` the ledger held just before -- the
 history the expectation is computed from.
+
+At a region failover the client moves to the new primary (:meth:`ApiClient.use`), and its
+history continues there. It makes no change while the world holds its writes
+(:meth:`ApiClient.writes_held`): from the replica's copy to the failover, so that no
+acknowledged change is lost with the replication lag (which the simulator does not model:
+``docs/simulation.md``); a change due meanwhile is made on the new primary.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
@@ -54,6 +62,26 @@ class ApiClient:
         self._trace = trace
         self.history: dict[str, list[Revision]] = {}
         self._definitions: dict[str, SimSchedule] = {}
+        self._held: trio.Event | None = None
+        """Set when the hold ends; ``None`` while no hold."""
+        self._writing: trio.Event | None = None
+        """Set when the change under way is done; ``None`` while none is."""
+
+    def use(self, ledger: MemoryLedger) -> None:
+        """Talk to ``ledger`` from now on (the new primary after a region failover)."""
+        self._ledger = ledger
+
+    @asynccontextmanager
+    async def writes_held(self) -> AsyncIterator[None]:
+        """No change is made inside this block (one under way finishes first)."""
+        held = self._held = trio.Event()
+        if self._writing is not None:
+            await self._writing.wait()
+        try:
+            yield
+        finally:
+            self._held = None
+            held.set()
 
     async def setup(self, task: TaskSettings, schedules: list[SimSchedule]) -> None:
         """The ``sim`` task type and the initial schedules."""
@@ -75,8 +103,19 @@ class ApiClient:
 
     async def apply(self, change: ScheduleChange) -> None:
         """Carry out ``change``, waiting out a database outage first."""
-        while self._network.unavailable(""):
-            await trio.sleep(RETRY_S)
+        while self._network.unavailable("") or self._held is not None:
+            if self._held is not None:
+                await self._held.wait()
+            else:
+                await trio.sleep(RETRY_S)
+        writing = self._writing = trio.Event()
+        try:
+            await self._change(change)
+        finally:
+            self._writing = None
+            writing.set()
+
+    async def _change(self, change: ScheduleChange) -> None:
         if change.action == "create":
             assert change.schedule is not None
             await self._create(change.schedule)

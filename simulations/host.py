@@ -25,7 +25,7 @@ from engine.errors import ConfigError
 from engine.ledger.base import Fence, Ledger
 from engine.node import Node
 from simulations.clocks import HostClock
-from simulations.leases import LeaseMonitor
+from simulations.leases import PRIMARY, LeaseMonitor
 from simulations.trace import Trace
 
 RESTART_DELAY_S: Final = 5.0
@@ -34,9 +34,11 @@ RESTART_DELAY_S: Final = 5.0
 class Process:
     """One process of a host: the unit that pauses, dies or stops."""
 
-    def __init__(self, node_id: str, incarnation: int) -> None:
+    def __init__(self, node_id: str, incarnation: int, database: str = PRIMARY) -> None:
         self.node_id = node_id
         self.label = f"{node_id}#{incarnation}"
+        self.database = database
+        """The database this process talks to (its region's)."""
         self.down = False
         self.node: Node | None = None
         self.scope = trio.CancelScope()
@@ -91,9 +93,9 @@ class Host:
     def up(self) -> bool:
         return self.process is not None and not self.process.down
 
-    def new_process(self) -> Process:
+    def new_process(self, database: str = PRIMARY) -> Process:
         self.incarnations += 1
-        self.process = Process(self.node_id, self.incarnations)
+        self.process = Process(self.node_id, self.incarnations, database)
         return self.process
 
     async def run(
@@ -137,22 +139,20 @@ class Host:
         """Report the table's trust windows to the monitor, as they change."""
         monitor = self._monitor
         label = process.label
+        database = process.database
         add, drop = table.add, table.drop
 
         def on_add(fence: Fence, trusted_until: float) -> None:
             add(fence, trusted_until)
             owned = table.get(fence.partition_id)
             assert owned is not None
-            monitor.trusted(
-                label, fence.partition_id, fence.fencing_token, trio.current_time(), trusted_until
-            )
+            partition, token = fence.partition_id, fence.fencing_token
+            monitor.trusted(label, partition, token, trio.current_time(), trusted_until, database)
             extend = owned.extend
 
             def on_extend(until: float) -> None:
                 extend(until)
-                monitor.trusted(
-                    label, fence.partition_id, fence.fencing_token, trio.current_time(), until
-                )
+                monitor.trusted(label, partition, token, trio.current_time(), until, database)
 
             setattr(owned, "extend", on_extend)  # noqa: B010 - an instance-level hook
 

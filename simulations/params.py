@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from engine.config import NodeConfig
+from engine.ledger.base import REGION_DEFAULT
 from simulations import oracle
 from simulations.scenario import Fault, HandlerFaults, describe
 from simulations.workload import DST_ZONES, SimSchedule, draw_workload
@@ -67,9 +68,10 @@ class NodeSettings:
     shutdown_timeout_s: float = 10.0
     retention_days: float = 30.0
 
-    def config(self, node_id: str) -> NodeConfig:
+    def config(self, node_id: str, region: str = REGION_DEFAULT) -> NodeConfig:
         return NodeConfig(
             node_id=node_id,
+            region=region,
             lease_ttl_s=self.lease_ttl_s,
             lease_safety_margin_s=self.lease_safety_margin_s,
             lookahead_s=self.lookahead_s,

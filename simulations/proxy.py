@@ -8,7 +8,8 @@ goes through these stages, as a call through the database bridge would:
    trio only after asyncpg has finished -- so cancelling the caller waits for the reply;
 3. a **paused** process's request leaves only when it resumes;
 4. the request travels (baseline latency, plus the extra of a slow-ledger fault);
-5. if the database (or this node's link) is in an **outage**, the call fails with
+5. if the database (or this node's link) is in an **outage**, or the process's database is
+   unreachable (the old primary after a region failover), the call fails with
    ``LedgerUnavailable`` and nothing is written;
 6. the ledger **commits** (or refuses: ``LeaseLost`` and other errors pass through);
 7. with a **commit-unknown** fault's probability, the reply is lost: ``LedgerUnavailable``
@@ -17,7 +18,9 @@ goes through these stages, as a call through the database bridge would:
 8. the reply travels back, and waits for a paused process to resume.
 
 What the ledger committed is reported to the :class:`~simulations.leases.LeaseMonitor`
-(acquisitions, renewals, releases, accepted and refused fenced writes) and to the trace.
+(acquisitions, renewals, releases, claims, accepted and refused fenced writes), naming the
+database it was sent to, and to the trace. A proxy talks to one
+:class:`~simulations.replica.Database` for the life of its process.
 """
 
 from __future__ import annotations
@@ -31,10 +34,10 @@ import trio
 
 from engine.errors import LeaseLost, LedgerUnavailable
 from engine.ledger.base import Fence
-from engine.ledger.memory import MemoryLedger
-from engine.model import Lease
+from engine.model import Execution, Lease
 from simulations.clocks import DatabaseClock
 from simulations.leases import LeaseMonitor
+from simulations.replica import Database
 from simulations.scenario import CommitUnknown, Fault, Outage, SlowLedger, StuckRenewals
 from simulations.trace import Trace
 
@@ -135,7 +138,7 @@ class LedgerProxy:
     def __init__(
         self,
         process: Process,
-        inner: MemoryLedger,
+        database: Database,
         *,
         network: Network,
         monitor: LeaseMonitor,
@@ -145,7 +148,7 @@ class LedgerProxy:
         on_plan_sent: Callable[[Fence], None],
     ) -> None:
         self._process = process
-        self._inner = inner
+        self._database = database
         self._network = network
         self._monitor = monitor
         self._clock = clock
@@ -154,7 +157,7 @@ class LedgerProxy:
         self._on_plan_sent = on_plan_sent
 
     def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
-        target = getattr(self._inner, name)
+        target = getattr(self._database.ledger, name)
 
         async def call(*args: Any) -> Any:
             return await self._call(name, target, args)
@@ -178,7 +181,7 @@ class LedgerProxy:
             await trio.sleep(self._network.request_latency(node, self._rng))
             if process.down:
                 raise LedgerUnavailable("the process is gone")
-            if self._network.unavailable(node):
+            if self._network.unavailable(node) or not self._database.reachable:
                 self._trace.emit("call", process.label, name, "unavailable")
                 raise LedgerUnavailable("the database is unreachable")
             if name == "executions_extend" and self._network.renewals_stuck(node):
@@ -187,7 +190,7 @@ class LedgerProxy:
             try:
                 result = await target(*args)
             except LeaseLost:
-                self._monitor.refused_writes += 1
+                self._monitor.refused(self._database.name)
                 self._trace.emit("call", process.label, name, "lease-lost")
                 raise
             self._committed(name, args, result)
@@ -206,22 +209,26 @@ class LedgerProxy:
         now: datetime = self._clock.now()
         label = self._process.label
         monitor = self._monitor
+        db = self._database.name
         if name == "leases_acquire":
             leases: list[Lease] = result
             for lease in leases:
-                monitor.acquired(lease, now)
+                monitor.acquired(lease, now, db)
             self._trace.emit(
                 "call", label, name, [(x.partition_id, x.fencing_token) for x in leases]
             )
         elif name == "leases_renew":
-            monitor.renewed(result)
-            monitor.write_accepted(label, name, [_fence(x) for x in result], now)
+            monitor.renewed(result, db)
+            monitor.write_accepted(label, name, [_fence(x) for x in result], now, db)
             self._trace.emit("call", label, name, len(result))
         elif name == "leases_release":
-            monitor.released(list(args[0].fences), result, now)
+            monitor.released(list(args[0].fences), result, now, db)
             self._trace.emit("call", label, name, result)
         elif name in FENCED:
-            monitor.write_accepted(label, name, FENCED[name](args[0]), now)
+            monitor.write_accepted(label, name, FENCED[name](args[0]), now, db)
+            if name == "executions_claim":
+                claimed: list[Execution] = result
+                monitor.claimed(claimed, now, db)
             self._trace.emit("call", label, name, _size(result))
         else:
             self._trace.emit("call", label, name, _size(result))

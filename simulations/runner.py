@@ -23,9 +23,11 @@ from trio._core import _run as trio_run
 
 from engine.model import Execution
 from simulations.bound import DelayBound, ahead_s, completion_s, stale_s
+from simulations.check_failover import FailoverChecker, FailoverReport
 from simulations.check_fires import FireChecker, FireReport
 from simulations.effects import Delivery
 from simulations.expect import expect
+from simulations.leases import PRIMARY
 from simulations.params import SimParams
 from simulations.trace import Trace
 from simulations.world import ErrorLog, World
@@ -52,6 +54,8 @@ class Result:
     """Every execution the ledger held at the end."""
     deliveries: list[Delivery] = field(default_factory=list)
     """Every handler start, in order."""
+    failover: FailoverReport | None = None
+    """The region failover's report, in a run that has one."""
 
     @property
     def ok(self) -> bool:
@@ -110,6 +114,17 @@ def run_simulation(params: SimParams, *, trace_file: TextIO | None = None) -> Re
     bound = DelayBound(params, world.disruptions)
     fires = FireChecker(params, expectation, bound, world.sinks).check(world.executions)
     violations = list(fires.violations) + world.violations + world.monitor.violations
+    failover = None
+    if world.failover is not None:
+        failover = FailoverChecker(
+            params, world.failover, world.failover_log, world.region_of
+        ).check(
+            world.sinks.deliveries,
+            world.monitor.claims.get(PRIMARY, {}),
+            world.monitor.trust_in(PRIMARY),
+            world.monitor.stale_epoch_acquisitions,
+        )
+        violations += failover.violations
     for host in world.hosts.values():
         violations += host.deaths
     violations += [f"engine error: {record}" for record in errors.records]
@@ -131,6 +146,7 @@ def run_simulation(params: SimParams, *, trace_file: TextIO | None = None) -> Re
         clock_beyond_s=world.clock_beyond_s,
         executions=world.executions,
         deliveries=world.sinks.deliveries,
+        failover=failover,
     )
 
 
@@ -155,6 +171,7 @@ def summary(result: Result, *, violations_shown: int = 30) -> list[str]:
         "node-seconds (no excuse for delay: the engine runs on the database's time)",
         f"leases acquired {result.acquisitions}  fenced writes accepted {result.accepted_writes}  "
         f"refused {result.refused_writes} (zombie and late writes fenced off)",
+        *([] if result.failover is None else result.failover.lines()),
         f"trace {result.events} events, hash {result.digest}",
         f"simulated {result.node_hours:.1f} node-hours in {result.wall_s:.2f}s wall: "
         f"{result.node_hours_per_s:.1f} node-hours per wall-second",

@@ -7,7 +7,8 @@ interval it disturbs the cluster (:func:`disruption`), which the start-delay bou
 
 ``nodes=()`` on a ledger fault means the database itself (every node, and the API clients
 that change schedules); naming nodes means only their connections (a network partition, a
-bad connection pool).
+bad connection pool). After a :class:`RegionFailover` it means whichever database each
+client uses.
 """
 
 from __future__ import annotations
@@ -130,6 +131,34 @@ class ScheduleChange:
     schedule: SimSchedule | None = None
 
 
+@dataclass(frozen=True)
+class RegionFailover:
+    """Region A's database is lost at ``at_s``; its streaming replica in region B, which had
+    replayed everything up to ``at_s - lag_s``, is promoted and made the active region
+    (``Ledger.region_failover``: epoch + 1, every lease revoked), and region B's nodes
+    (``standby``, idle until then) start on it. Region A's processes cannot reach the old
+    primary until it comes back ``fence_old_after_s`` later (``None``: never) -- fenced
+    first, as the runbook says, unless ``fenced`` is false (the hazard the fence exists
+    for)."""
+
+    at_s: float
+    lag_s: float
+    fence_old_after_s: float | None
+    standby: tuple[str, ...]
+    """The nodes of region B; the others are region A's."""
+    fenced: bool = True
+
+    @property
+    def snapshot_s(self) -> float:
+        """The instant the new primary's copy is of (the end of the replication lag)."""
+        return self.at_s - self.lag_s
+
+    @property
+    def old_back_s(self) -> float | None:
+        """When the old primary takes clients again, if ever."""
+        return None if self.fence_old_after_s is None else self.at_s + self.fence_old_after_s
+
+
 Fault = (
     Crash
     | Pause
@@ -142,6 +171,7 @@ Fault = (
     | Join
     | Leave
     | ScheduleChange
+    | RegionFailover
 )
 
 
@@ -192,6 +222,16 @@ def describe(fault: Fault) -> str:
         case ScheduleChange(action=action, schedule_id=sid, schedule=s):
             what = "" if s is None else f" -> {s.describe()}"
             return f"{at} {action} {sid}{what}"
+        case RegionFailover(lag_s=lag, fence_old_after_s=back, standby=standby, fenced=fenced):
+            old = (
+                "never back"
+                if back is None
+                else f"back {back:.1f}s later, {'fenced first' if fenced else 'NOT fenced'}"
+            )
+            return (
+                f"{at} region failover to b ({','.join(standby)}), replica {lag:.3f}s behind; "
+                f"old primary {old}"
+            )
     raise AssertionError(f"unknown fault {fault!r}")
 
 
@@ -213,6 +253,10 @@ def disruption(fault: Fault, heal_s: float) -> tuple[float, float] | None:
             return (at, at)
         case ScheduleChange():
             return None
+        case RegionFailover(at_s=at, lag_s=lag):
+            # Fires planned since the replica's copy may be lost and planned again; the
+            # world extends the end by region B's startup (its first lease cycle).
+            return (at - lag, at)
     raise AssertionError(f"unknown fault {fault!r}")
 
 
@@ -220,3 +264,11 @@ def fault_end_s(fault: Fault) -> float:
     """When the fault's own action ends (a crash: when its restart happens)."""
     window = disruption(fault, float("inf"))
     return fault.at_s if window is None else window[1]
+
+
+def failover_of(faults: tuple[Fault, ...]) -> RegionFailover | None:
+    """The run's region failover, if it has one (at most one)."""
+    found = [f for f in faults if isinstance(f, RegionFailover)]
+    if len(found) > 1:
+        raise ValueError("a run has at most one region failover")
+    return found[0] if found else None

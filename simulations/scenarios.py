@@ -2,7 +2,8 @@
 
 ``calm`` has no faults at all (the baseline: tight start delays). Each of the others stresses
 one kind of trouble; ``random`` draws a little of everything. All faults start after a
-warm-up (the cluster has formed) and end before the safety phase does.
+warm-up (the cluster has formed) and end before the safety phase does. A run has at most one
+region failover, and only with two nodes or more (one region each at least).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Final
 
+from simulations import oracle
 from simulations.params import NodeSettings
 from simulations.scenario import (
     CommitUnknown,
@@ -25,6 +27,7 @@ from simulations.scenario import (
     Leave,
     Outage,
     Pause,
+    RegionFailover,
     ScheduleChange,
     Skew,
     SlowLedger,
@@ -34,6 +37,9 @@ from simulations.workload import SimSchedule, draw_schedule, retimed, with_paylo
 
 WARM_UP_S: Final = 120.0
 COOL_DOWN_S: Final = 30.0
+LAG_S_MAX: Final = 10.0
+"""The longest replication lag a failover loses (a healthy asynchronous standby's)."""
+FAILOVER_IN_RANDOM_P: Final = 0.25
 EVERYDAY: Final = HandlerFaults(transient_p=0.03, lost_reply_p=0.02, permanent_p=0.01, hang_p=0.01)
 
 
@@ -238,6 +244,64 @@ def dst(ctx: Context, count: int | None = None) -> Built:
     return built
 
 
+def standby_nodes(nodes: tuple[str, ...]) -> tuple[str, ...]:
+    """Region B's nodes: the last half (rounded down, at least one of two or more)."""
+    return nodes[len(nodes) - len(nodes) // 2 :] if len(nodes) >= 2 else ()
+
+
+def failover(ctx: Context, *, fenced: bool = True) -> RegionFailover | None:
+    """One region failover: a replica 0-10 s behind (none at all a fifth of the time: a
+    planned switch-over), and an old primary that comes back after 5 s to 10 minutes (or,
+    when fenced, never, a quarter of the time). Three times in four the replica's copy is
+    taken around a fire, from ``lag + 1`` s before it to 10 s after (its claim falls in the
+    lag window, or its handler is running at the copy); otherwise at any time. ``None``
+    with fewer than two nodes."""
+    standby = standby_nodes(ctx.nodes)
+    if not standby:
+        return None
+    rng = ctx.rng
+    lag = 0.0 if rng.random() < 0.2 else round(rng.uniform(0.0, LAG_S_MAX), 3)
+    back = None if fenced and rng.random() < 0.25 else round(rng.uniform(5.0, 600.0), 3)
+    at = _at(ctx, back or 0.0)
+    aimed = _near_a_fire(ctx, back or 0.0)
+    if aimed is not None and rng.random() < 0.75:
+        at = round(aimed + rng.uniform(-lag - 1.0, 10.0) + lag, 3)
+    at = min(max(at, round(WARM_UP_S + lag, 3)), _latest(ctx, back or 0.0))
+    return RegionFailover(at, lag, back, standby, fenced)
+
+
+def _latest(ctx: Context, length_s: float) -> float:
+    return max(WARM_UP_S + LAG_S_MAX, ctx.safety_s - COOL_DOWN_S - length_s)
+
+
+def _near_a_fire(ctx: Context, length_s: float) -> float | None:
+    """A fire's instant (seconds from the start) where a failover fits, busy instants
+    being likelier (one entry per schedule firing then); ``None`` if there is none."""
+    after = ctx.start + timedelta(seconds=WARM_UP_S + LAG_S_MAX + 10.0)
+    until = ctx.start + timedelta(seconds=_latest(ctx, length_s) - 10.0 - LAG_S_MAX)
+    if until <= after:
+        return None
+    instants = [
+        (instant - ctx.start).total_seconds()
+        for schedule in ctx.schedules
+        for instant in oracle.fires(*schedule.timing(), after, until)
+    ]
+    return ctx.rng.choice(sorted(instants)) if instants else None
+
+
+def region(ctx: Context, count: int | None = None) -> Built:
+    """A forced region failover, and the everyday handler faults (attempts in flight)."""
+    drawn = failover(ctx)
+    return Built([] if drawn is None else [drawn])
+
+
+def region_unfenced(ctx: Context, count: int | None = None) -> Built:
+    """The hazard the runbook's fence step exists for: the old primary takes its old
+    region's clients again without being fenced (never drawn by ``random``)."""
+    drawn = failover(ctx, fenced=False)
+    return Built([] if drawn is None else [drawn])
+
+
 def random_mix(ctx: Context) -> Built:
     """A little of everything: each kind of fault with probability one half."""
     built = Built()
@@ -257,7 +321,39 @@ def random_mix(ctx: Context) -> Built:
     built.faults += dst(ctx).faults
     roll = ctx.rng.random()
     built.handler = EVERYDAY if roll < 0.7 else redelivery(ctx, 1).handler
+    if ctx.rng.random() < FAILOVER_IN_RANDOM_P:  # drawn last: the draws above are unchanged
+        drawn = failover(ctx)
+        if drawn is not None:
+            built.faults = keep_a_node_in_the_active_region(ctx.nodes, built.faults, drawn)
+            built.faults.append(drawn)
     return built
+
+
+def keep_a_node_in_the_active_region(
+    nodes: tuple[str, ...], faults: list[Fault], drawn: RegionFailover
+) -> list[Fault]:
+    """``faults`` without the graceful leaves that would leave the active region with no
+    node (``rebalance`` keeps one node of the cluster, but before the failover region B's
+    are not running, and after it region A's are cut off)."""
+    region = {node: "b" if node in drawn.standby else "a" for node in nodes}
+    present = {node for node in nodes if region[node] == "a"}
+    kept: list[Fault] = []
+    failed_over = False
+    for fault in sorted(faults, key=lambda f: f.at_s):
+        if not failed_over and fault.at_s >= drawn.at_s:
+            failed_over = True
+            present = {node for node in present if region[node] == "b"} | set(drawn.standby)
+        active = "b" if failed_over else "a"
+        if isinstance(fault, Join):
+            region.setdefault(fault.node, active)
+            if region[fault.node] == active:
+                present.add(fault.node)
+        elif isinstance(fault, Leave) and region.get(fault.node) == active:
+            if present == {fault.node}:
+                continue
+            present.discard(fault.node)
+        kept.append(fault)
+    return kept
 
 
 SCENARIOS: Final[dict[str, Callable[[Context], Built]]] = {
@@ -271,5 +367,7 @@ SCENARIOS: Final[dict[str, Callable[[Context], Built]]] = {
     "rebalance": rebalance,
     "churn": churn,
     "dst": dst,
+    "region": region,
+    "region-unfenced": region_unfenced,
     "random": random_mix,
 }

@@ -5,6 +5,11 @@ the safety phase, heals everything (outages end, paused processes resume, crashe
 restart, clocks are corrected), runs the liveness phase, and finally reads the ledger's
 executions for the checkers. Each node is a real :class:`engine.node.Node` with its own
 clock, ledger proxy and random stream; everything shares trio's ``MockClock``.
+
+A run with a :class:`~simulations.scenario.RegionFailover` has two regions and, from the
+replica's copy on, two databases (:mod:`simulations.replica`); see :meth:`World._fail_over`.
+The heal does not bring back an old primary that never comes back: its region's processes
+stay cut off to the end.
 """
 
 from __future__ import annotations
@@ -15,17 +20,21 @@ from typing import cast
 
 import trio
 
-from engine.ledger.base import ExecutionsQuery, Fence, Ledger
+from engine.ledger.base import REGION_DEFAULT, ExecutionsQuery, Fence, Ledger
+from engine.ledger.base import RegionFailover as FailoverParams
 from engine.ledger.memory import MemoryLedger
 from engine.model import Execution
 from engine.node import Node
+from simulations.bound import failover_startup_s
+from simulations.check_failover import FailoverLog
 from simulations.clocks import DatabaseClock, HostClock
 from simulations.driver import ApiClient
 from simulations.effects import CURRENT, Fates, HandlerEnv, Sinks
 from simulations.host import Host, Process
-from simulations.leases import LeaseMonitor
+from simulations.leases import PRIMARY, LeaseMonitor
 from simulations.params import SimParams, host_clock, stream
 from simulations.proxy import LedgerProxy, Network
+from simulations.replica import Database, replica_of
 from simulations.scenario import (
     Crash,
     Fault,
@@ -33,10 +42,12 @@ from simulations.scenario import (
     Jump,
     Leave,
     Pause,
+    RegionFailover,
     ScheduleChange,
     Skew,
     describe,
     disruption,
+    failover_of,
 )
 from simulations.trace import Trace
 
@@ -68,25 +79,41 @@ class World:
         self._builds: Counter[str] = Counter()
         self.ended_at = params.start
         """True time when the run ended (set at the end of :meth:`main`)."""
+        self.failover = failover_of(params.faults)
+        self.failover_log = FailoverLog()
+        self.region_of: dict[str, str] = {}
+        """Each node's region, fixed at its first start."""
+        self.databases: dict[str, Database] = {}
+        """The old primary ``a`` and, once failed over, the new one ``b``."""
 
     async def main(self) -> None:
         p = self.params
         self.clock = DatabaseClock(p.start)
-        self.ledger = MemoryLedger(clock=self.clock, partition_count=p.partitions)
+        active = REGION_DEFAULT if self.failover is None else "a"
+        self.ledger = MemoryLedger(
+            clock=self.clock, partition_count=p.partitions, active_region=active
+        )
+        self.databases[PRIMARY] = Database(PRIMARY, self.ledger)
         self.network = Network(p.faults, self.clock, p.ledger_latency_s)
         self.api = ApiClient(self.ledger, self.clock, self.network, self.trace)
         await self.api.setup(p.task, list(p.schedules))
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for node_id in p.nodes:
-                await self._start(node_id)
+                if self._startable(node_id):
+                    await self._start(node_id)
             nursery.start_soon(self._timeline)
             nursery.start_soon(self._apply_changes)
+            if self.failover is not None:
+                nursery.start_soon(self._fail_over, self.failover)
             await self._sleep_until(p.safety_s)
             self._heal()
             await self._sleep_until(p.end_s)
             self.ended_at = self.clock.now()
             self.executions = await self._all_executions()
+            log = self.failover_log
+            if log.back:
+                log.refused_after_back = self.monitor.refused_by_database[PRIMARY] - log.refused
             self.monitor.finish(trio.current_time())
             for host in self.hosts.values():
                 host.kill()
@@ -100,11 +127,13 @@ class World:
     async def _sleep_until(self, at_s: float) -> None:
         await trio.sleep(max(at_s - self.clock.elapsed_s(), 0.0))
 
-    async def _all_executions(self) -> list[Execution]:
+    async def _all_executions(self, ledger: MemoryLedger | None = None) -> list[Execution]:
+        """Every execution of ``ledger`` (by default the current primary's)."""
+        ledger = self.ledger if ledger is None else ledger
         found: list[Execution] = []
         cursor = None
         while True:
-            page = await self.ledger.executions_query(ExecutionsQuery(cursor=cursor, limit=1000))
+            page = await ledger.executions_query(ExecutionsQuery(cursor=cursor, limit=1000))
             found += page.items
             if page.next_cursor is None:
                 return found
@@ -126,12 +155,30 @@ class World:
             await trio.sleep(interval_s)
             host.clock.ntp_sync()
 
+    def _region(self, node_id: str) -> str:
+        """A node's region: region B's are named by the failover, a node that first joins
+        after the failover is region B's too, every other one region A's."""
+        if self.failover is None:
+            return REGION_DEFAULT
+        if node_id not in self.region_of:
+            later = self.failover_log.happened
+            standby = node_id in self.failover.standby
+            self.region_of[node_id] = "b" if standby or later else "a"
+        return self.region_of[node_id]
+
+    def _startable(self, node_id: str) -> bool:
+        """Region B's nodes start at the failover: before it they would stand by against a
+        read-only replica, and do nothing the simulator could observe."""
+        standby = self.failover is not None and node_id in self.failover.standby
+        return not standby or self.failover_log.happened
+
     async def _start(self, node_id: str) -> None:
         host = self._host(node_id)
         if host.up:
             return
         self._crashed.discard(node_id)
-        process = host.new_process()
+        region = self._region(node_id)
+        process = host.new_process(PRIMARY if region in ("a", REGION_DEFAULT) else "b")
         await self._nursery.start(host.run, process, self._build, self._context)
 
     def _build(self, process: Process) -> tuple[Node, Ledger]:
@@ -139,7 +186,7 @@ class World:
         name = f"{process.label}.{self._builds[process.label]}"
         proxy = LedgerProxy(
             process,
-            self.ledger,
+            self.databases[process.database],
             network=self.network,
             monitor=self.monitor,
             clock=self.clock,
@@ -148,7 +195,7 @@ class World:
             on_plan_sent=lambda fence: self._plan_sent(process, fence),
         )
         ledger = cast(Ledger, proxy)
-        config = self.params.settings.config(process.node_id)
+        config = self.params.settings.config(process.node_id, self._region(process.node_id))
         host = self.hosts[process.node_id]
         node = Node(config, ledger, host.clock, stream(self.params.seed, f"node:{name}"))
         return node, ledger
@@ -172,21 +219,27 @@ class World:
 
     async def _timeline(self) -> None:
         for fault in self.params.faults:
+            if isinstance(fault, RegionFailover):
+                continue  # played by _fail_over, from the replica's copy on
             await self._sleep_until(fault.at_s)
             if self.healed:
                 return
             self._apply(fault)
 
     def _apply(self, fault: Fault) -> None:
-        host = self.hosts.get(getattr(fault, "node", ""))
+        node = getattr(fault, "node", "")
+        host = self.hosts.get(node)
         process = None if host is None or not host.up else host.process
         node_fault = isinstance(fault, Crash | Pause | Skew | Jump | Leave)
-        if node_fault and process is None:
+        standby = isinstance(fault, Join) and not self._startable(node)
+        if (node_fault and process is None) or standby:
             self.trace.emit("fault-ignored", describe(fault))  # its node is not running
             return
         self.faults_injected[type(fault).__name__] += 1
         self.trace.emit("fault", describe(fault))
         window = disruption(fault, self.params.safety_s)
+        if window is not None and isinstance(fault, RegionFailover):
+            window = (window[0], window[1] + failover_startup_s(self.params))
         if window is not None and not isinstance(fault, Skew | Jump):
             # A wrong wall clock disturbs nothing: the engine plans and dispatches on the
             # database-corrected clock, so the start-delay bound does not excuse it.
@@ -217,6 +270,55 @@ class World:
                 self._changes.send_nowait(fault)  # applied in order, one at a time
             case _:
                 pass  # ledger faults act through the network, by their time windows
+
+    async def _fail_over(self, fault: RegionFailover) -> None:
+        """The forced failover, as the runbook has it. At the snapshot instant the replica's
+        copy is taken (the API client makes no change from then until the failover). At the
+        failover region A's database becomes unreachable for every process of region A, the
+        copy becomes the new primary and is failed over to region B (epoch + 1, every lease
+        revoked), the API client moves to it, and region B's nodes start. If the old primary
+        comes back, it is first fenced (the same failover, at the new epoch), unless the
+        scenario is the unfenced hazard; then region A's processes reach it again."""
+        await self._sleep_until(fault.snapshot_s)
+        if self.healed:
+            return
+        log, old = self.failover_log, self.databases[PRIMARY]
+        async with self.api.writes_held():
+            replica = replica_of(old.ledger)
+            self.monitor.copy_database(PRIMARY, "b")
+            self.trace.emit("replica", f"copy of database a at +{fault.snapshot_s:.3f}s")
+            log.snapshot = {e.execution_id: e for e in await self._all_executions(replica)}
+            await self._sleep_until(fault.at_s)
+            old.reachable = False
+            change = await replica.region_failover(
+                FailoverParams("b", actor="sim", reason=f"region a lost, lag {fault.lag_s}s")
+            )
+            self.monitor.revoked_all("b")
+            log.epoch, log.revoked = change.settings.region_epoch, change.revoked
+            log.happened = True
+            self.databases["b"] = Database("b", replica)
+            self.ledger = replica
+            self.api.use(replica)
+            self._apply(fault)
+            self.trace.emit("failover", f"epoch {log.epoch}", f"revoked {log.revoked}")
+        for node_id in fault.standby:
+            await self._start(node_id)
+        if fault.old_back_s is None:
+            return
+        await self._sleep_until(fault.old_back_s)
+        if fault.fenced:
+            fence = await old.ledger.region_failover(
+                FailoverParams("b", actor="sim", reason="fence", epoch_at_least=log.epoch)
+            )
+            self.monitor.revoked_all(PRIMARY)
+            self.monitor.fenced.add(PRIMARY)
+            self.trace.emit("fence", f"epoch {fence.settings.region_epoch}", fence.revoked)
+        else:
+            self.monitor.unfenced_return = PRIMARY
+            self.trace.emit("unfenced-return")
+        log.refused = self.monitor.refused_by_database[PRIMARY]
+        log.back = True
+        old.reachable = True
 
     async def _restart_later(self, node_id: str, delay_s: float) -> None:
         await trio.sleep(delay_s)

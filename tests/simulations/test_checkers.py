@@ -187,3 +187,19 @@ async def test_the_trace_hash_follows_every_event(
     second.emit("fault", "pause n1")
     assert first.digest != second.digest
     await trio.lowlevel.checkpoint()
+
+
+async def test_a_dead_letter_is_judged_by_the_attempt_the_ledger_dead_lettered() -> None:
+    params = _params()
+    sinks = Sinks(Trace())
+    permanent = _delivery(0, late_s=0.1, node="n2")
+    permanent.fate = "permanent"
+    # After an unfenced region failover, the old region ran a second attempt of its own on
+    # the old primary; the new primary dead-lettered attempt 1.
+    elsewhere = _delivery(0, late_s=500.0)
+    elsewhere.attempt = 2
+    for delivery in (permanent, elsewhere):
+        sinks.started(delivery)
+    dead = _execution(0, ExecutionStatus.DEAD_LETTER, attempt=1)
+    checker = FireChecker(params, _expect(0), DelayBound(params, [(0.0, 1000.0)]), sinks)
+    assert not any("dead-lettered" in v for v in checker.check([dead]).violations)
