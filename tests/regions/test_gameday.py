@@ -12,21 +12,17 @@ user would, and asserts on its JSON summary so that a failure names the check th
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from simulations.regions.replication import missing_prerequisites
+from tests.processes import run_module
 
 # About 80 s: run by `make gameday` (both variants, full size) and by `pytest -m slow`.
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
-RUN_TIMEOUT_S = 300
-CLEANUP_TIMEOUT_S = 60
-REPO_ROOT = Path(__file__).resolve().parents[2]
 MUST_PASS = (
     "missing: no succeeded execution",
     "missing: no delivery at the sink",
@@ -47,19 +43,7 @@ MUST_PASS = (
 
 
 def _run_gameday(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m simulations.regions gameday`` as a user would. Past the time limit it
-    gets SIGTERM, on which it stops its nodes and its servers before exiting."""
-    command = [sys.executable, "-m", "simulations.regions", "gameday", *args]
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT
-    ) as process:
-        try:
-            stdout, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.send_signal(signal.SIGTERM)
-            stdout, stderr = process.communicate(timeout=CLEANUP_TIMEOUT_S)
-            pytest.fail(f"the quick game day took over {RUN_TIMEOUT_S} s:\n{stdout}{stderr}")
-    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    return run_module("simulations.regions", "gameday", *args, what="the quick game day")
 
 
 def test_forced_failover_delivers_every_fire_once_in_effect_and_fences_region_a(

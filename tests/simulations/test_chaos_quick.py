@@ -9,18 +9,15 @@ and asserts on its JSON summary so that a failure names the check that failed.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.processes import run_module
+
 pytestmark = pytest.mark.postgres
 
-RUN_TIMEOUT_S = 300
-CLEANUP_TIMEOUT_S = 60
-REPO_ROOT = Path(__file__).resolve().parents[2]
 MUST_PASS = (
     "missing: no succeeded execution",
     "missing: no delivery at the sink",
@@ -40,19 +37,7 @@ MUST_PASS = (
 
 
 def _run_chaos(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m simulations.chaos`` as a user would. Past the time limit it gets
-    SIGTERM, on which it stops its nodes and its database before exiting."""
-    command = [sys.executable, "-m", "simulations.chaos", *args]
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT
-    ) as process:
-        try:
-            stdout, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.send_signal(signal.SIGTERM)
-            stdout, stderr = process.communicate(timeout=CLEANUP_TIMEOUT_S)
-            pytest.fail(f"the quick chaos run took over {RUN_TIMEOUT_S} s:\n{stdout}{stderr}")
-    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    return run_module("simulations.chaos", *args, what="the quick chaos run")
 
 
 def test_quick_chaos_run_has_no_duplicate_effect_miss_late_start_or_accepted_stale_write(
