@@ -169,13 +169,13 @@ class LeaseKeeper:
                 self._table.drop(partition_id)
 
     async def _rebalance(self) -> None:
-        leases = await self._ledger.leases_list()
-        now = await self._ledger.database_now()
         if self.config.node_id not in self._membership.live_nodes:
-            # Another region is active (or this one's standing is unknown): take nothing.
-            # The ledger would refuse anyway; this keeps the fair-share target honest.
+            # Another region is active: take nothing (the ledger would refuse anyway), and
+            # read nothing for it either.
             self._target = 0
             return
+        leases = await self._ledger.leases_list()
+        now = await self._ledger.database_now()
         plan = plan_ownership(self.config.node_id, leases, self._membership.live_nodes, now)
         self._target = plan.target
         if plan.release:
