@@ -39,16 +39,18 @@ from engine.ledger.base import (
     ExecutionsPlan,
     Fence,
     Ledger,
+    PlannableSchedule,
     PlannedExecution,
     ScheduleAdvance,
-    SchedulesList,
+    SchedulesPlannable,
 )
 from engine.metrics import SKIP_CATCHUP_BULK, NodeMetrics
 from engine.model import CatchUpPolicy, Schedule
 
 log = logging.getLogger("carillon.planner")
 
-LOAD_PAGE_SIZE: Final = 1_000
+LOAD_PAGE_SIZE: Final = 2_000
+"""Schedules per read of a partition load: few round trips, little memory held per page."""
 INBOX_MAX: Final = 100_000
 """Pending change notifications per planner; beyond it the planner reloads everything."""
 
@@ -123,6 +125,8 @@ class Planner:
         self._rng = rng
         self._heap = PlanHeap()
         self._entries: dict[str, _Entry] = {}
+        self._windows: dict[float, float] = {}
+        """Each catch-up window length seen, to itself (few distinct values, shared)."""
         self._inbox: dict[str, None] = {}
         self._inbox_overflow = False
         self._wake = trio.Event()
@@ -165,19 +169,20 @@ class Planner:
         """Read every schedule of the partition into the heap."""
         self._heap = PlanHeap()
         self._entries = {}
+        self._windows = {}
         self._inbox.clear()
         self._inbox_overflow = False
-        cursor: str | None = None
+        after: str | None = None
         now = self._monitor.now()
         while True:
-            page = await self._ledger.schedules_list(
-                SchedulesList(partition_id=self.partition_id, cursor=cursor, limit=LOAD_PAGE_SIZE)
+            page = await self._ledger.schedules_plannable(
+                SchedulesPlannable(self.partition_id, after, LOAD_PAGE_SIZE)
             )
-            for schedule in page.items:
+            for schedule in page:
                 self._track(schedule, now)
-            if page.next_cursor is None:
+            if len(page) < LOAD_PAGE_SIZE:
                 break
-            cursor = page.next_cursor
+            after = page[-1].schedule_id
 
     async def apply_changes(self) -> None:
         """Reload the schedules named by change notifications."""
@@ -242,8 +247,7 @@ class Planner:
         stale = set(result.stale)
         for schedule_id, next_at in pushes:
             entry = self._entries[schedule_id]
-            entry.next_run_at = next_at
-            self._heap.push(schedule_id, next_at)
+            entry.next_run_at = self._heap.push(schedule_id, next_at)
             if schedule_id in stale:
                 self.notify(schedule_id)
         queued = [e.planned_at for e in executions if e.error_code is None]
@@ -328,7 +332,7 @@ class Planner:
             )
         return result.next_run_at
 
-    def _track(self, schedule: Schedule, now: datetime) -> None:
+    def _track(self, schedule: Schedule | PlannableSchedule, now: datetime) -> None:
         """Put ``schedule`` (as stored) into the heap, or take it out if disabled."""
         if not schedule.enabled:
             self._forget(schedule.schedule_id)
@@ -348,17 +352,19 @@ class Planner:
         next_at = schedule.next_run_at
         if next_at is None:
             next_at = timetable.next_fire(now).planned_at
+        window_s = schedule.catch_up_window_s
         self._entries[schedule.schedule_id] = _Entry(
             schedule_id=schedule.schedule_id,
             tenant_id=schedule.tenant_id,
             task_type=schedule.task_type,
             version=schedule.version,
-            next_run_at=next_at,
+            # The heap's shared object for the instant, and one float per window length:
+            # equal values, 72 bytes less per schedule (a million of them: 69 MiB).
+            next_run_at=self._heap.push(schedule.schedule_id, next_at),
             catch_up=schedule.catch_up,
-            catch_up_window_s=schedule.catch_up_window_s,
+            catch_up_window_s=self._windows.setdefault(window_s, window_s),
             timetable=timetable,
         )
-        self._heap.push(schedule.schedule_id, next_at)
 
     def _forget(self, schedule_id: str) -> None:
         self._heap.remove(schedule_id)

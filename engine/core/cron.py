@@ -91,6 +91,20 @@ def parse_cron(source: str, *, hash_key: str | None = None) -> CronSpec:
     """
     if not uses_hash(source):
         return _parse_cached(source)
+    try:
+        spec = _parse_cached(resolve_hash(source, hash_key))
+    except ValidationError as exc:
+        raise type(exc)(f"{exc} (resolved from {source!r})") from None
+    return msgspec.structs.replace(spec, source=source, uses_hash=True)
+
+
+def resolve_hash(source: str, hash_key: str | None) -> str:
+    """``source`` with each ``H`` replaced by ``hash_key``'s numbers (``source`` itself when it
+    has none): the expression :func:`parse_cron` validates. Cheap -- no validation of the
+    result -- so a cache of parsed expressions can be looked up with it first. Raises
+    :class:`InvalidCronExpression` for an ``H`` it cannot place or a missing ``hash_key``."""
+    if not uses_hash(source):
+        return source
     fields, hashed = _hash_template(source)
     if hash_key is None:
         raise InvalidCronExpression(
@@ -99,11 +113,7 @@ def parse_cron(source: str, *, hash_key: str | None = None) -> CronSpec:
     resolved = list(fields)
     for index, name, items in hashed:
         resolved[index] = _apply_hash(items, stable_hash(f"{hash_key}/{name}"))
-    try:
-        spec = _parse_cached(" ".join(resolved))
-    except ValidationError as exc:
-        raise type(exc)(f"{exc} (resolved from {source!r})") from None
-    return msgspec.structs.replace(spec, source=source, uses_hash=True)
+    return " ".join(resolved)
 
 
 @functools.lru_cache(maxsize=PARSE_CACHE_ENTRIES)

@@ -27,7 +27,7 @@ from zoneinfo import ZoneInfo
 
 import msgspec
 
-from engine.core.cron import CronSpec, iterator_for, parse_cron
+from engine.core.cron import CronSpec, iterator_for, parse_cron, resolve_hash
 from engine.core.dst import (
     Adjustment,
     DstGap,
@@ -206,15 +206,19 @@ class TimetableCache:
         dst_overlap: DstOverlap = DstOverlap.AUTO,
         schedule_id: str | None = None,
     ) -> Timetable:
-        """The timetable for these settings, compiled on first use."""
-        spec = parse_cron(expression, hash_key=schedule_id)
-        key = (spec.expression, timezone, dst_gap, dst_overlap)
+        """The timetable for these settings, compiled on first use.
+
+        Looked up by the expression as written with ``H`` resolved, before any parsing: a
+        planner loading a million schedules pays the validation once per distinct
+        expression, not once per schedule. Only a miss parses (and validates) it."""
+        key = (resolve_hash(expression, schedule_id), timezone, dst_gap, dst_overlap)
         timetable = self._entries.get(key)
         if timetable is not None:
             self.hits += 1
             self._entries.move_to_end(key)
             return timetable
         self.misses += 1
+        spec = parse_cron(expression, hash_key=schedule_id)
         timetable = Timetable(spec, load_zone(timezone), dst_gap=dst_gap, dst_overlap=dst_overlap)
         self._entries[key] = timetable
         if len(self._entries) > self._max_entries:

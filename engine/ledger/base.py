@@ -44,6 +44,7 @@ from engine.ledger.params import (
     BATCH_ROWS_MAX,
     CENSUS_GROUPS_MAX,
     PAGE_SIZE_MAX,
+    PLAN_PAGE_MAX,
     REGION_DEFAULT,
     SCHEDULE_DELETED,
     SCHEDULE_DELETED_MESSAGE,
@@ -83,6 +84,7 @@ from engine.ledger.params import (
     NodesHeartbeat,
     Outcome,
     Page,
+    PlannableSchedule,
     PlannedExecution,
     PlanResult,
     RegionChange,
@@ -95,6 +97,7 @@ from engine.ledger.params import (
     SchedulesCreate,
     SchedulesDelete,
     SchedulesList,
+    SchedulesPlannable,
     SchedulesUpdate,
     TaskTypesPut,
     TenantsPut,
@@ -120,6 +123,7 @@ __all__ = [
     "CENSUS_GROUPS_MAX",
     "IN_USE_SHOWN_MAX",
     "PAGE_SIZE_MAX",
+    "PLAN_PAGE_MAX",
     "REGION_DEFAULT",
     "SCHEDULE_DELETED",
     "SCHEDULE_DELETED_MESSAGE",
@@ -162,6 +166,7 @@ __all__ = [
     "Outcome",
     "Page",
     "PlanResult",
+    "PlannableSchedule",
     "PlannedExecution",
     "RegionChange",
     "RegionFailover",
@@ -173,6 +178,7 @@ __all__ = [
     "SchedulesCreate",
     "SchedulesDelete",
     "SchedulesList",
+    "SchedulesPlannable",
     "SchedulesUpdate",
     "TaskTypesPut",
     "TenantsPut",
@@ -289,6 +295,12 @@ class Ledger(Protocol):
         (<= :data:`PAGE_SIZE_MAX`); deleted ones are never listed. ``id_prefix`` keeps the ids
         that start with it (a range of the ids: exact when the database orders text by code
         point, as the ``C`` collations do); ``InvalidField`` if it is over 128 characters."""
+        ...
+
+    async def schedules_plannable(self, params: SchedulesPlannable) -> list[PlannableSchedule]:
+        """What planning needs of the enabled live schedules of a partition, in id order after
+        ``params.after``, at most ``params.limit`` (<= :data:`PLAN_PAGE_MAX`): a planner's
+        load. Fewer than ``limit`` means there are no more."""
         ...
 
     async def schedules_count(self, tenant_id: str) -> int:

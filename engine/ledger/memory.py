@@ -73,6 +73,7 @@ from engine.ledger._memory_tables import (
 from engine.ledger.base import (
     BATCH_ROWS_MAX,
     PAGE_SIZE_MAX,
+    PLAN_PAGE_MAX,
     SCHEDULE_DELETED,
     SCHEDULE_DELETED_MESSAGE,
     SCHEDULE_PAUSED,
@@ -93,6 +94,7 @@ from engine.ledger.base import (
     NodeInfo,
     Outcome,
     Page,
+    PlannableSchedule,
     PlannedExecution,
     PlanResult,
     ScheduleAdvance,
@@ -101,12 +103,14 @@ from engine.ledger.base import (
     SchedulesCreate,
     SchedulesDelete,
     SchedulesList,
+    SchedulesPlannable,
     SchedulesUpdate,
     due_cursor,
     encode_cursor,
     unknown_task_types,
 )
 from engine.ledger.common import check_id_prefix
+from engine.ledger.params import plannable
 from engine.model import (
     Execution,
     ExecutionStatus,
@@ -281,6 +285,23 @@ class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
         items = matching[: params.limit]
         more = len(matching) > params.limit
         return Page(items=items, next_cursor=encode_cursor(items[-1].schedule_id) if more else None)
+
+    async def schedules_plannable(self, params: SchedulesPlannable) -> list[PlannableSchedule]:
+        await trio.lowlevel.checkpoint()
+        check_limit(params.limit, PLAN_PAGE_MAX)
+        found: list[PlannableSchedule] = []
+        for key in sorted(self._schedules):
+            schedule = self._schedules[key]
+            if (
+                (params.after is not None and key <= params.after)
+                or schedule.partition_id != params.partition_id
+                or not schedule.enabled
+            ):
+                continue
+            found.append(plannable(schedule))
+            if len(found) == params.limit:
+                break
+        return found
 
     async def schedule_changes(self, params: ScheduleChangesSince) -> list[ScheduleChange]:
         await trio.lowlevel.checkpoint()

@@ -14,17 +14,16 @@ from engine.actors.partitions import PartitionTable
 from engine.actors.planner import PlannerConfig
 from engine.actors.planner_supervisor import PlannerSupervisor
 from engine.core.timetable import TimetableCache
-from engine.ledger.base import Fence, LeasesAcquire, Page, SchedulesList
+from engine.ledger.base import Fence, LeasesAcquire, PlannableSchedule, SchedulesPlannable
 from engine.ledger.memory import MemoryLedger
 from engine.metrics import NodeMetrics
-from engine.model import Schedule
 from engine.testing import SkewedClock
 from tests.actors.harness import START
 
 
 class SlowLoads:
-    """The ledger, with ``schedules_list`` held (shielded, like a call through the database
-    bridge) until the test lets it go."""
+    """The ledger, with ``schedules_plannable`` (a planner's load) held (shielded, like a
+    call through the database bridge) until the test lets it go."""
 
     def __init__(self, inner: MemoryLedger) -> None:
         self._inner = inner
@@ -35,12 +34,12 @@ class SlowLoads:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    async def schedules_list(self, params: SchedulesList) -> Page[Schedule]:
+    async def schedules_plannable(self, params: SchedulesPlannable) -> list[PlannableSchedule]:
         self.loads += 1
         with trio.CancelScope(shield=True):
             self.held.set()
             await self.release.wait()
-        return await self._inner.schedules_list(params)
+        return await self._inner.schedules_plannable(params)
 
 
 async def test_a_planner_stopped_by_its_deadline_resumes_when_a_late_renewal_extended_it(

@@ -73,3 +73,20 @@ def test_pop_order_matches_a_sorted_model(pushes: list[tuple[int, int]]) -> None
     assert [instant for instant, _ in popped] == sorted(at(m) for m in model.values())
     assert {sid: instant for instant, sid in popped} == {s: at(m) for s, m in model.items()}
     assert len(heap) == 0
+
+
+def test_schedules_due_at_one_instant_share_the_heaps_datetime_object() -> None:
+    heap = PlanHeap()
+    first = heap.push("a", at(1))
+    second = heap.push("b", at(0) + timedelta(minutes=1))  # equal, but another object
+    assert first == second == at(1)
+    assert first is second
+    assert heap.due_at("b") is first
+
+
+def test_an_instant_gets_a_fresh_shared_object_once_its_bucket_is_gone() -> None:
+    heap = PlanHeap()
+    heap.push("a", at(1))
+    heap.pop_until(at(1), limit=10)
+    again = at(1)
+    assert heap.push("b", again) is again

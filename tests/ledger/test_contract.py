@@ -29,6 +29,7 @@ from engine.ledger.base import (
     BATCH_ROWS_MAX,
     CENSUS_GROUPS_MAX,
     PAGE_SIZE_MAX,
+    PLAN_PAGE_MAX,
     STATS_BUCKET_S_MAX,
     STATS_BUCKETS_MAX,
     AttemptRef,
@@ -62,6 +63,7 @@ from engine.ledger.base import (
     SchedulesCreate,
     SchedulesDelete,
     SchedulesList,
+    SchedulesPlannable,
     SchedulesUpdate,
     TaskTypesPut,
     TenantsPut,
@@ -69,6 +71,7 @@ from engine.ledger.base import (
     TokensRevoke,
     encode_cursor,
 )
+from engine.ledger.params import plannable
 from engine.model import (
     PAYLOAD_BYTES_MAX,
     SETTINGS_BYTES_MAX,
@@ -290,6 +293,48 @@ async def test_list_filters_and_paginates_in_id_order(backend: Backend) -> None:
         await backend.ledger.schedules_list(SchedulesList(cursor="not-a-cursor"))
     with pytest.raises(InvalidField):
         await backend.ledger.schedules_list(SchedulesList(limit=PAGE_SIZE_MAX + 1))
+
+
+async def test_a_planners_load_reads_the_enabled_live_schedules_of_its_partition(
+    backend: Backend,
+) -> None:
+    mine = ids_in_partition(3, 12)
+    other = ids_in_partition(4, 2)
+    await backend.ledger.schedules_create(
+        SchedulesCreate(
+            [
+                schedule(
+                    sid,
+                    tenant_id=f"t{n % 3}",
+                    cron_expr="H */2 * * *",
+                    timezone="Europe/Berlin",
+                    catch_up=CatchUpPolicy.ALL,
+                    catch_up_window_s=120.5,
+                    payload={"big": "x" * 100},
+                    enabled=n % 4 != 0,
+                )
+                for n, sid in enumerate(mine)
+            ]
+            + [schedule(sid) for sid in other]
+        )
+    )
+    await backend.ledger.schedules_delete(SchedulesDelete(mine[1]))
+    wanted = sorted(mine[n] for n in range(12) if n % 4 != 0 and n != 1)
+    read: list[str] = []
+    after: str | None = None
+    while True:
+        page = await backend.ledger.schedules_plannable(SchedulesPlannable(3, after, 4))
+        for item in page:
+            # The same values as the full schedule, payload left out.
+            assert item == plannable(await backend.ledger.schedules_get(item.schedule_id))
+        read += [item.schedule_id for item in page]
+        if len(page) < 4:
+            break
+        after = page[-1].schedule_id
+    assert read == wanted
+    assert await backend.ledger.schedules_plannable(SchedulesPlannable(3, wanted[-1])) == []
+    with pytest.raises(InvalidField):
+        await backend.ledger.schedules_plannable(SchedulesPlannable(3, None, PLAN_PAGE_MAX + 1))
 
 
 async def test_change_feed_lists_writes_in_order_from_a_watermark(backend: Backend) -> None:

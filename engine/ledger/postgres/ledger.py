@@ -64,6 +64,7 @@ from engine.ledger.base import (
     NodeInfo,
     NodesHeartbeat,
     Page,
+    PlannableSchedule,
     PlanResult,
     RegionChange,
     RegionFailover,
@@ -74,6 +75,7 @@ from engine.ledger.base import (
     SchedulesCreate,
     SchedulesDelete,
     SchedulesList,
+    SchedulesPlannable,
     SchedulesUpdate,
     TaskTypesPut,
     TenantsPut,
@@ -162,6 +164,9 @@ class PostgresLedger:
 
     async def schedules_list(self, params: SchedulesList) -> Page[Schedule]:
         return await self._run(schedules.schedules_list, params)
+
+    async def schedules_plannable(self, params: SchedulesPlannable) -> list[PlannableSchedule]:
+        return await self._run(schedules.schedules_plannable, params)
 
     async def schedules_count(self, tenant_id: str) -> int:
         return await self._run(api.schedules_count, tenant_id)

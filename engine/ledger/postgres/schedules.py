@@ -17,27 +17,32 @@ locks its row first and skips its pending executions (pausing), like a delete.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from typing import Any, Final, NoReturn
 
 import asyncpg
 
+from engine.core.dst import DstGap, DstOverlap
 from engine.core.hashing import partition_of
 from engine.errors import AlreadyExists, InvalidField, NotFound, VersionConflict
 from engine.ledger.base import (
     BATCH_ROWS_MAX,
     PAGE_SIZE_MAX,
+    PLAN_PAGE_MAX,
     SCHEDULE_DELETED,
     SCHEDULE_DELETED_MESSAGE,
     SCHEDULE_PAUSED,
     SCHEDULE_PAUSED_MESSAGE,
     ChangeKind,
     Page,
+    PlannableSchedule,
     ScheduleChange,
     ScheduleChangesSince,
     SchedulesCreate,
     SchedulesDelete,
     SchedulesList,
+    SchedulesPlannable,
     SchedulesUpdate,
     decode_cursor,
     encode_cursor,
@@ -56,7 +61,7 @@ from engine.ledger.postgres.rows import (
     schedule_from_row,
 )
 from engine.ledger.postgres.store import Store
-from engine.model import Schedule, check_payload_size, validate_identifier
+from engine.model import CatchUpPolicy, Schedule, check_payload_size, validate_identifier
 
 _CODE_POINT_MAX: Final = "\U0010ffff"
 
@@ -210,6 +215,50 @@ async def schedules_list(store: Store, params: SchedulesList) -> Page[Schedule]:
     items = [schedule_from_row(row) for row in rows[:limit]]
     more = len(rows) > limit
     return Page(items=items, next_cursor=encode_cursor(items[-1].schedule_id) if more else None)
+
+
+_CATCH_UP: Final = {member.value: member for member in CatchUpPolicy}
+_DST_GAP: Final = {member.value: member for member in DstGap}
+_DST_OVERLAP: Final = {member.value: member for member in DstOverlap}
+
+
+async def schedules_plannable(store: Store, params: SchedulesPlannable) -> list[PlannableSchedule]:
+    limit = check_limit(params.limit, PLAN_PAGE_MAX)
+    async with store.connection() as connection:
+        rows = await connection.fetch(
+            sql.SCHEDULES_PLANNABLE, params.partition_id, params.after or "", limit
+        )
+    # By position, and with the values many schedules share interned: a load reads a
+    # million of these, and the planner keeps the strings.
+    intern = sys.intern
+    return [
+        PlannableSchedule(
+            schedule_id,
+            intern(tenant_id),
+            intern(task_type),
+            version,
+            next_run_at,
+            intern(cron_expr),
+            intern(timezone),
+            _DST_GAP[dst_gap],
+            _DST_OVERLAP[dst_overlap],
+            _CATCH_UP[catch_up],
+            window_s,
+        )
+        for (
+            schedule_id,
+            tenant_id,
+            task_type,
+            version,
+            next_run_at,
+            cron_expr,
+            timezone,
+            dst_gap,
+            dst_overlap,
+            catch_up,
+            window_s,
+        ) in rows
+    ]
 
 
 async def schedule_changes(store: Store, params: ScheduleChangesSince) -> list[ScheduleChange]:

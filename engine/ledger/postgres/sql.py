@@ -141,6 +141,18 @@ TENANTS_LIST: Final = f"SELECT {TENANT_COLUMNS} FROM tenants ORDER BY tenant_id"
 
 # --- schedules --------------------------------------------------------------------------
 
+SCHEDULES_PLANNABLE: Final = """
+SELECT schedule_id, tenant_id, task_type, version, next_run_at, cron_expr, timezone, dst_gap,
+       dst_overlap, catch_up, catch_up_window_s
+FROM schedules
+WHERE partition_id = $1 AND deleted_at IS NULL AND enabled AND schedule_id > $2
+ORDER BY schedule_id
+LIMIT $3
+"""
+"""A planner's load, one page: the columns planning reads, by position (see
+``schedules.schedules_plannable``), along schedules_partition_live_idx. ``$2`` is ``''``
+for the first page (every id sorts above it)."""
+
 SCHEDULES_LIVE_IDS: Final = """
 SELECT schedule_id FROM schedules
 WHERE schedule_id = ANY($1::text[]) AND deleted_at IS NULL
