@@ -9,9 +9,11 @@ PYTEST_ARGS ?=
 RUN_ARGS ?=
 CHAOS_ARGS ?=
 GAMEDAY_ARGS ?=
+PROFILE_SCHEDULES ?= 200000
+PROFILE_OUT ?= docs/img/bench-burst-flame.svg
 
 .DEFAULT_GOAL := help
-.PHONY: help install test unit lint typecheck fmt run bench bench-peer clean chromium console-screenshots chaos chaos-quick gameday sim-long
+.PHONY: help install test unit lint typecheck fmt run bench bench-peer bench-profile clean chromium console-screenshots chaos chaos-quick gameday sim-long
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -19,10 +21,10 @@ help: ## List the targets
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
 	@touch $(STAMP)
 
-install: $(STAMP) ## Create .venv and install Carillon with its test tools (idempotent)
+install: $(STAMP) ## Create .venv and install Carillon with its test and benchmark tools (idempotent)
 
 test: $(STAMP) chromium lint typecheck ## Lint, type-check and run the whole test suite
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
@@ -68,7 +70,7 @@ gameday: $(STAMP) ## Multi-region game day: forced failover + planned switch-ove
 sim-long: $(STAMP) ## Thousands of seeds of the deterministic simulator (docs/simulation.md)
 	$(BIN)/python -m simulations sweep --seeds 1..5000
 
-bench: $(STAMP) ## Run the benchmarks and rewrite docs/benchmarks.md
+bench: $(STAMP) ## Run the benchmarks; rewrite docs/benchmarks.md, docs/img/bench-*.png, docs/bench-results/
 	$(BIN)/python benchmarks/bench_cron.py
 	$(BIN)/python benchmarks/bench_ledger.py
 	$(BIN)/python benchmarks/bench_scale.py
@@ -78,6 +80,11 @@ bench: $(STAMP) ## Run the benchmarks and rewrite docs/benchmarks.md
 
 bench-peer: $(STAMP) ## The same burst on Carillon and on APScheduler 4 (its own .bench-peers/venv)
 	$(BIN)/python benchmarks/bench_peer.py
+
+bench-profile: $(STAMP) ## py-spy flame graph of a one-node burst -> docs/img/bench-burst-flame.svg
+	$(BIN)/py-spy record --nonblocking --format flamegraph --output $(PROFILE_OUT) -- \
+		$(BIN)/python benchmarks/bench_burst.py --schedules $(PROFILE_SCHEDULES) --runs 1 \
+		--workers 32 --rate 0 --nodes "" --no-ceiling --no-docs
 
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

@@ -1,7 +1,9 @@
 """Real ``carillon run`` processes for the benchmarks: start, wait until balanced, measure, stop.
 
-Shared by ``bench_failover.py`` (K nodes, one of them SIGKILLed) and ``bench_peer.py`` (one
-and two nodes beside the peer). Node ids are ``<name>-<index>``, so a lease owner maps back
+Shared by ``bench_failover.py`` (K nodes, one of them SIGKILLed), ``bench_peer.py`` (one
+and two nodes beside the peer) and ``bench_burst.py`` (K nodes on the same burst):
+:func:`carillon_burst` is the whole burst on K processes, measured as ``_burst`` measures it.
+Node ids are ``<name>-<index>``, so a lease owner maps back
 to its process by the suffix. Every node logs JSON lines at warning level to
 ``<logs>/<name>-<index>.log`` and serves no HTTP API.
 """
@@ -14,10 +16,21 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import asyncpg
+import trio
+import uvloop
+
+from benchmarks._burst import (
+    admin,
+    create_schedules,
+    fresh_database,
+    ledger_figures,
+    poll_until_succeeded,
+)
 
 STOP_TIMEOUT_S: Final = 20.0
 BALANCE_POLL_S: Final = 0.2
@@ -78,3 +91,40 @@ async def wait_balanced(connection: asyncpg.Connection, k: int, timeout_s: float
             return True
         await asyncio.sleep(BALANCE_POLL_S)
     return False
+
+
+async def _balanced_before(url: str, k: int, burst_at: datetime) -> bool:
+    connection = await asyncpg.connect(url)
+    try:
+        until_t = (burst_at - datetime.now(UTC)).total_seconds()
+        return await wait_balanced(connection, k, max(until_t, 0.0))
+    finally:
+        await connection.close()
+
+
+def carillon_burst(
+    server_url: str, n: int, k: int, timeout_s: float, logs: Path, *, prefix: str
+) -> dict[str, Any]:
+    """The burst of N on K ``carillon run`` processes (default settings) sharing a fresh
+    database: schedules first, then the nodes, which share the partitions before T. Returns
+    ``ledger_figures`` plus ``setup_s`` (creating the schedules), ``setup_lead_s`` (T - the
+    end of that), ``balanced`` (shared by T) and ``rss_mb`` (each process's peak RSS)."""
+    name, url = fresh_database(server_url, prefix)
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        started = time.perf_counter()
+        burst_at = trio.run(create_schedules, url, n)
+        result: dict[str, Any] = {
+            "setup_s": time.perf_counter() - started,
+            "setup_lead_s": (burst_at - datetime.now(UTC)).total_seconds(),
+        }
+        processes = start_nodes(url, k, logs, name=f"carillon-{k}")
+        result["balanced"] = uvloop.run(_balanced_before(url, k, burst_at))
+        poll_until_succeeded(url, n, burst_at, timeout_s)
+        result["rss_mb"] = [peak_rss_mb(process.pid) for process in processes]
+        stop_nodes(processes)
+        figures = uvloop.run(ledger_figures(url, n, burst_at, timeout_s))
+    finally:
+        stop_nodes(processes)  # a no-op for nodes already stopped
+        admin(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return result | figures

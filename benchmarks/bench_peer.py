@@ -5,13 +5,14 @@ Each run, three sides one after another, each on a throwaway database
 instant T, a task that does no work:
 
 * **Carillon, 1 node** and **Carillon, 2 nodes**: ``carillon run`` processes with default
-  settings (``benchmarks/_nodes.py``) on schedules made as ``bench_burst.py`` makes them
-  (``create_schedules``: 20 tenants, the ``noop`` task type, T some seconds ahead); the nodes
-  start once the schedules exist and share the partitions before T. Figures from the ledger
-  (``bench_burst.ledger_figures``): a run's time is its ``started_at``, "all ran" is the last
-  ``finished_at`` (durable completion); duplicates are extra executions per (schedule,
-  instant), redeliveries (attempt > 1) and extra attempt rows -- every handler delivery has
-  an attempt row, so this counts deliveries beyond the first.
+  settings (``benchmarks/_nodes.py`` ``carillon_burst``, which ``bench_burst.py`` runs too)
+  on the burst's schedules (``_burst.create_schedules``: 20 tenants, the ``noop`` task
+  type, T some seconds ahead); the nodes start once the schedules exist and share the
+  partitions before T. Figures from the ledger (``_burst.ledger_figures``): a run's time is
+  its ``started_at``, "all ran" is the last ``finished_at`` (durable completion); duplicates
+  are extra executions per (schedule, instant), redeliveries (attempt > 1) and extra
+  attempt rows -- every handler delivery has an attempt row, so this counts deliveries
+  beyond the first.
 * **APScheduler 4** (``benchmarks/peers/``, its own environment ``.bench-peers/venv`` with
   pinned versions, created here when missing): two scheduler processes sharing its
   SQLAlchemy/asyncpg PostgreSQL data store and asyncpg event broker, T a whole minute (a
@@ -25,6 +26,8 @@ Carillon / peer of executions/s and peer / Carillon of the time until all ran.
 
 Target (issue #8): Carillon >= 10x the peer's throughput on the same burst. If the peer's
 environment cannot be made or its run fails, the report says why and Carillon still runs.
+A full run also draws docs/img/bench-peer.png, writes docs/bench-results/bench_peer.json
+and rebuilds the Targets section of docs/benchmarks.md.
 
 Usage: python benchmarks/bench_peer.py [--quick] [--runs K] [--schedules N] [--timeout S]
        [--peer-timeout S]
@@ -35,26 +38,28 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import secrets
 import sys
-import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
-import asyncpg
-import trio
-import uvloop
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._nodes import peak_rss_mb, start_nodes, stop_nodes, wait_balanced
-from benchmarks._report import machine, revision, summary, write_section
-from benchmarks.bench_burst import admin, create_schedules, ledger_figures, poll_until_succeeded
+from benchmarks import _plots
+from benchmarks._burst import admin, fresh_database
+from benchmarks._nodes import carillon_burst
+from benchmarks._report import (
+    image_link,
+    machine,
+    revision,
+    summary,
+    write_results,
+    write_section,
+    write_targets,
+)
 from benchmarks.peers.drive import SCHEDULERS, PeerConfig, peer_burst
 from benchmarks.peers.make_venv import PeerUnavailable, ensure_venv, pinned_version
 from engine.config import LEASE_TTL_S_DEFAULT, WORKERS_DEFAULT
-from engine.ledger.database import resolve_database, url_with_database
+from engine.ledger.database import resolve_database
 from engine.ledger.postgres import PARTITIONS_DEFAULT
 
 TARGET_RATIO: Final = 10.0
@@ -62,53 +67,28 @@ PEER: Final = "apscheduler"
 Results = dict[str, list[dict[str, Any]]]
 
 
-def fresh_database(server_url: str) -> tuple[str, str]:
-    name = f"carillon_peer_{secrets.token_hex(4)}"
-    admin(server_url, f'CREATE DATABASE "{name}"')
-    return name, url_with_database(server_url, name)
+CARILLON_KEPT: Final = (
+    "setup_s", "setup_lead_s", "balanced", "rss_mb", "executions_per_s", "duplicates",
+    "delay_p50_s", "delay_p99_s", "delay_max_s",
+)  # fmt: skip
+CARILLON_RENAMED: Final = {
+    "lead_s": "planned_lead_s",
+    "all_succeeded_s": "all_ran_s",
+    "succeeded_share": "ran_share",
+}
 
 
-async def _balanced_before(url: str, k: int, burst_at: datetime) -> bool:
-    connection = await asyncpg.connect(url)
-    try:
-        until_t = (burst_at - datetime.now(UTC)).total_seconds()
-        return await wait_balanced(connection, k, max(until_t, 0.0))
-    finally:
-        await connection.close()
-
-
-def carillon_burst(server_url: str, n: int, k: int, timeout_s: float, logs: Path) -> dict[str, Any]:
-    name, url = fresh_database(server_url)
-    processes = []
-    try:
-        started = time.perf_counter()
-        burst_at = trio.run(create_schedules, url, n)
-        result: dict[str, Any] = {
-            "setup_s": time.perf_counter() - started,
-            "setup_lead_s": (burst_at - datetime.now(UTC)).total_seconds(),
-        }
-        processes = start_nodes(url, k, logs, name=f"carillon-{k}")
-        result["balanced"] = uvloop.run(_balanced_before(url, k, burst_at))
-        poll_until_succeeded(url, n, burst_at, timeout_s)
-        result["rss_mb"] = [peak_rss_mb(process.pid) for process in processes]
-        stop_nodes(processes)
-        figures = uvloop.run(ledger_figures(url, n, burst_at, timeout_s))
-    finally:
-        stop_nodes(processes)  # a no-op for nodes already stopped
-        admin(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    return result | {
-        "planned_lead_s": figures["lead_s"],
-        "all_ran_s": figures["all_succeeded_s"],
-        "ran_share": figures["succeeded_share"],
-        **{key: figures[key] for key in ("executions_per_s", "duplicates")},
-        **{key: figures[key] for key in ("delay_p50_s", "delay_p99_s", "delay_max_s")},
-    }
+def carillon_side(server_url: str, n: int, k: int, timeout_s: float, logs: Path) -> dict[str, Any]:
+    """``_nodes.carillon_burst``, its figures named as the peer's are."""
+    figures = carillon_burst(server_url, n, k, timeout_s, logs, prefix="carillon_peer_")
+    kept = {key: figures[key] for key in CARILLON_KEPT}
+    return kept | {new: figures[old] for old, new in CARILLON_RENAMED.items()}
 
 
 def apscheduler_burst(
     python: Path, server_url: str, n: int, config: PeerConfig, timeout_s: float, logs: Path
 ) -> dict[str, Any]:
-    name, url = fresh_database(server_url)
+    name, url = fresh_database(server_url, "carillon_peer_")
     try:
         return peer_burst(python, url, n, config, timeout_s, logs)
     finally:
@@ -122,7 +102,7 @@ def one_run(
     n = args.schedules
     run: dict[str, dict[str, Any] | str] = {}
     for k in (1, 2):
-        figures = carillon_burst(server_url, n, k, args.timeout, logs)
+        figures = carillon_side(server_url, n, k, args.timeout, logs)
         run[f"carillon-{k}"] = figures
         print(f"  Carillon, {k} node(s): {_line(figures)}", file=sys.stderr)
     if python is None:
@@ -218,7 +198,7 @@ def configuration(version: str, c: PeerConfig) -> list[str]:
         f"({PARTITIONS_DEFAULT} partitions, {WORKERS_DEFAULT} workers per node, lease TTL "
         f"{LEASE_TTL_S_DEFAULT:g} s, burst-aware planning ahead of T) and no HTTP API; the "
         "`noop` task type; daily 6-field cron schedules over 20 tenants, created through "
-        "the ledger in batches of 10,000 (`bench_burst.create_schedules`). A run's time is "
+        "the ledger in batches of 10,000 (`benchmarks/_burst.py`). A run's time is "
         "its `started_at`; all ran = the last durable completion (`finished_at`); its "
         "ledger writes a claim, a completion and an attempt row per run.",
         f"* **APScheduler {version}** with SQLAlchemy 2.0.58 (the series it was released "
@@ -251,11 +231,15 @@ def configuration(version: str, c: PeerConfig) -> list[str]:
 
 
 def report(
-    args: argparse.Namespace, config: PeerConfig, results: Results, failures: list[str]
+    args: argparse.Namespace,
+    config: PeerConfig,
+    results: Results,
+    failures: list[str],
+    image: Path | None = None,
 ) -> tuple[str, bool]:
     versions = {run["version"] for run in results[PEER]}
     version = ", ".join(sorted(versions)) or pinned_version("apscheduler")
-    sides = [("carillon-1", "Carillon, 1 node"), ("carillon-2", "Carillon, 2 nodes")]
+    sides = list(SIDES)
     if results[PEER]:
         sides.append((PEER, f"APScheduler {version}, {SCHEDULERS} schedulers"))
     clean = all(
@@ -272,6 +256,7 @@ def report(
         "",
         figure_table(sides, results),
         "",
+        *image_link(image, "Executions/s of each side, log scale"),
     ]
     if results[PEER]:
         ratio = summary(
@@ -295,6 +280,33 @@ def report(
         lines.append(f"In {late} Carillon burst(s) the nodes had not shared the partitions by T.")
     lines += ["", *configuration(version, config)]
     return "\n".join(lines), clean
+
+
+SIDES: Final = (("carillon-1", "Carillon, 1 node"), ("carillon-2", "Carillon, 2 nodes"))
+
+
+def draw_plot(results: Results) -> Path | None:
+    sides = [(title, key) for key, title in SIDES]
+    if results[PEER]:
+        sides.append((f"APScheduler, {SCHEDULERS} schedulers", PEER))
+    rates = [
+        (title, summary([run["executions_per_s"] for run in results[key]]))
+        for title, key in sides
+        if results[key]
+    ]
+    return _plots.draw(_plots.peer, "bench-peer.png", rates)
+
+
+def save_results(args: argparse.Namespace, results: Results) -> None:
+    figures = {
+        f"{side}_executions_per_s": [run["executions_per_s"] for run in runs]
+        for side, runs in results.items()
+    }
+    figures["rate_ratio"] = [
+        run["rate_ratio"] for run in results["carillon-2"] if "rate_ratio" in run
+    ]
+    context = {"schedules": args.schedules, "runs": args.runs, "ratio_of": "carillon-2"}
+    write_results("bench_peer", figures, context)
 
 
 def main() -> int:
@@ -326,10 +338,13 @@ def main() -> int:
                     results[side].append(figures)
                 else:
                     failures.append(f"run {index + 1}: {figures}")
-    text, clean = report(args, config, results, failures)
+    image = None if args.quick else draw_plot(results)
+    text, clean = report(args, config, results, failures, image)
     print(text)
     if not args.quick:
         write_section("bench_peer", text)
+        save_results(args, results)
+        write_targets()
     return 0 if clean else 1  # the ratio is a figure; a lost or repeated Carillon run is not
 
 

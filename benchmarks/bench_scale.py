@@ -32,6 +32,9 @@ the bytes per schedule measured at a smaller size of the same invocation (else
 ``BYTES_PER_SCHEDULE_PRIOR``), fits in MemAvailable with headroom; otherwise the report says
 it was skipped and why.
 
+A full run also draws docs/img/bench-scale.png (RSS and cold load per size), writes
+docs/bench-results/bench_scale.json and rebuilds the Targets section of docs/benchmarks.md.
+
 Usage: python benchmarks/bench_scale.py [--quick] [--schedules N [N ...]] [--burst M]
        [--runs K] [--steady S] [--partitions P]
 """
@@ -56,7 +59,16 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._report import machine, revision, summary, write_section
+from benchmarks import _plots
+from benchmarks._report import (
+    image_link,
+    machine,
+    revision,
+    summary,
+    write_results,
+    write_section,
+    write_targets,
+)
 from benchmarks._scale import (
     MB,
     STARTS_SETTLE_S,
@@ -356,6 +368,32 @@ def header(args: argparse.Namespace, load_averages: tuple[float, float]) -> list
     ]
 
 
+def draw_plot(measured: dict[int, list[dict[str, float]]]) -> Path | None:
+    sizes = [
+        (
+            total,
+            summary([run["rss_loaded_mb"] for run in runs]),
+            summary([run["load_s"] for run in runs]),
+        )
+        for total, runs in sorted(measured.items())
+    ]
+    return _plots.draw(_plots.scale, "bench-scale.png", sizes, RSS_TARGET_MB, LOAD_TARGET_S)
+
+
+RESULT_FIGURES: Final = ("rss_loaded_mb", "load_s", "rss_peak_mb", "create_rows_per_s")
+"""Kept in docs/bench-results/bench_scale.json per size, as ``<figure>@<schedules>``."""
+
+
+def save_results(args: argparse.Namespace, measured: dict[int, list[dict[str, float]]]) -> None:
+    figures = {
+        f"{key}@{total}": [run[key] for run in runs]
+        for total, runs in measured.items()
+        for key in RESULT_FIGURES
+    }
+    context = {"schedules": sorted(measured), "runs": args.runs, "burst": args.burst}
+    write_results("bench_scale", figures, context)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run; docs are not written")
@@ -370,6 +408,7 @@ def main() -> int:
         args.burst = min(args.burst, 1_000)
     bytes_per_schedule, measured_at = BYTES_PER_SCHEDULE_PRIOR, None
     sections: list[str] = []
+    measured: dict[int, list[dict[str, float]]] = {}
     ok = True
     load_at_start = os.getloadavg()[0]
     with resolve_database() as database:
@@ -385,6 +424,7 @@ def main() -> int:
                 one_run(database.url, total, burst, args.steady, args.partitions)
                 for _ in range(args.runs)
             ]
+            measured[total] = runs
             ok = ok and all(run["burst_rows"] == burst for run in runs if burst)
             bytes_per_schedule = max(run["rss_bytes_per_schedule"] for run in runs)
             measured_at = total
@@ -392,10 +432,14 @@ def main() -> int:
             if len(args.schedules) > 1:  # figures of a size as soon as it is done
                 print("\n".join(lines), flush=True)
             sections += [*lines, ""]
-    report = "\n".join(header(args, (load_at_start, os.getloadavg()[0])) + sections)
+    image = draw_plot(measured) if measured and not args.quick else None
+    lines = header(args, (load_at_start, os.getloadavg()[0]))
+    report = "\n".join([*lines, *image_link(image, "RSS and cold load per size"), *sections])
     print(report)
     if not args.quick:
         write_section("bench_scale", report)
+        save_results(args, measured)
+        write_targets()
     return 0 if ok else 1
 
 
