@@ -78,6 +78,7 @@ from engine.ledger.base import (
 from engine.ledger.bridge import open_bridge
 from engine.ledger.database import resolve_database, url_with_database
 from engine.ledger.postgres import migrate_database, open_postgres_ledger, sql, sql_executions
+from engine.ledger.postgres.rows import int_array, text_array, timestamptz_array
 from engine.model import HandlerKind, Schedule, TaskType, execution_id
 
 BATCH_ROWS: Final = 5_000
@@ -472,12 +473,12 @@ async def sql_complete(conn: asyncpg.Connection, b: Batch, clock: StatementClock
         "complete + history, fenced",
         conn.fetch(
             sql_executions.EXECUTIONS_COMPLETE,
-            b.execution_ids,
-            [1] * n,
-            ["succeeded"] * n,
-            [None] * n,
-            [None] * n,
-            [None] * n,
+            text_array(b.execution_ids),
+            int_array([1] * n),
+            text_array(["succeeded"] * n),
+            timestamptz_array([None] * n),
+            text_array([None] * n),
+            text_array([None] * n),
             [b.fence.partition_id],
             [OWNER],
             [b.fence.fencing_token],

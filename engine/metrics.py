@@ -2,12 +2,16 @@
 
 :class:`NodeMetrics` owns a :class:`~prometheus_client.CollectorRegistry` per node (never the
 global default one), so several nodes in one process -- tests, simulations -- never share a
-series. Counters and histograms move on the hot paths through plain methods of about a
-microsecond each (measured: ``execution_started`` and ``execution_finished`` 1.1-1.5 us,
-``executions_planned`` 0.5 us per execution): label children are looked up once and cached,
-and nothing locks beyond prometheus-client's own per-value lock. Gauges of the node's state
--- queue depth, planner lag, checkpoint age, clock skew -- are read from the actors'
-``statistics()`` only when scraped, through the source given to :meth:`NodeMetrics.watch`.
+series. Counters and histograms move on the hot paths through plain methods: label children
+are looked up once and cached. The per-execution ones (``execution_started``,
+``execution_finished``) do not even touch prometheus-client, whose counters and histograms
+take a lock per call (a burst spent several microseconds an execution there): they tally in
+plain Python -- a count per counter child, bucket counts and a sum per histogram child -- and
+the tallies are added to the children whenever the registry is collected (a scrape, or
+``registry.get_sample_value``), before any of them is read, so every read is exact. Gauges of
+the node's state -- queue depth, planner lag, checkpoint age, clock skew -- are read from the
+actors' ``statistics()`` only when scraped, through the source given to
+:meth:`NodeMetrics.watch`.
 ``docs/ops/`` holds the alerting rules, the Grafana dashboard and the runbook built on them.
 
 Names: the five the design fixes keep their names verbatim (``scheduler_lag_seconds``,
@@ -72,11 +76,13 @@ The node creates one ``NodeMetrics`` and passes it to the actors like any depend
                                 workers=config.workers)
     GET /metrics            body, content_type = render(metrics.registry, request_accept)
 
-Render from the trio thread: the source reads actor state that only that thread writes.
+Render from the trio thread: the source reads actor state that only that thread writes, and
+the tallies are added to the children there.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -250,8 +256,59 @@ class _StartWindow:
         return (self._filled - self._late_count) / self._filled
 
 
-_Starts = tuple[Histogram, Counter, Counter]
-_Finished = tuple[Counter, Histogram, Counter | None]
+class _CounterTally:
+    """Increments of one counter child not yet added to it."""
+
+    __slots__ = ("child", "n")
+
+    def __init__(self, child: Counter) -> None:
+        self.child = child
+        self.n = 0
+
+    def flush(self) -> None:
+        if self.n:
+            self.child.inc(self.n)
+            self.n = 0
+
+
+class _HistogramTally:
+    """Observations of one histogram child not yet added to it: a count per bucket and
+    their sum. Flushing reaches into the child's bucket and sum values (prometheus-client
+    has no public way to add many observations at once); ``tests/test_metrics_tallies.py``
+    pins the result to what one ``observe`` per value gives."""
+
+    __slots__ = ("_bounds", "_counts", "_pending", "_sum", "child")
+
+    def __init__(self, child: Histogram) -> None:
+        self.child = child
+        self._bounds: list[float] = child._upper_bounds  # ends with +Inf
+        self._counts = [0] * len(self._bounds)
+        self._sum = 0.0
+        self._pending = False
+
+    def observe(self, amount: float) -> None:
+        # The bucket observe() picks: the first bound >= amount (none for NaN).
+        index = bisect.bisect_left(self._bounds, amount)
+        if index < len(self._counts) and amount <= self._bounds[index]:
+            self._counts[index] += 1
+        self._sum += amount
+        self._pending = True
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        child, counts = self.child, self._counts
+        child._sum.inc(self._sum)
+        for index, count in enumerate(counts):
+            if count:
+                child._buckets[index].inc(count)
+                counts[index] = 0
+        self._sum = 0.0
+        self._pending = False
+
+
+_Starts = tuple[_HistogramTally, _CounterTally, _CounterTally]
+_Finished = tuple[_CounterTally, _HistogramTally, _CounterTally | None]
 
 
 class NodeMetrics:
@@ -288,9 +345,18 @@ class NodeMetrics:
         # First, so that a scrape whose source fails already shows that failure's count.
         self.registry.register(_ScrapeCollector(self))
         self._declare(tenant_labels)
+        self._tallies: dict[object, _CounterTally | _HistogramTally] = {}
+        """One per counter or histogram child moved on the per-execution paths."""
+        self._retries_tally = self._counter_tally(self._retries)
         self._starts_by_tenant: dict[str, _Starts] = {}
         self._starts_all: _Starts | None = (
-            None if tenant_labels else (self._start_delay, self._starts, self._starts_late)
+            None
+            if tenant_labels
+            else (
+                self._histogram_tally(self._start_delay),
+                self._counter_tally(self._starts),
+                self._counter_tally(self._starts_late),
+            )
         )
         self._finished: dict[tuple[str, str], _Finished] = {}
 
@@ -399,7 +465,7 @@ class NodeMetrics:
     def execution_started(self, execution: Execution, start_delay_s: float) -> None:
         """A worker starts ``execution``'s attempt ``start_delay_s`` after its planned instant."""
         if execution.attempt > 1:
-            self._retries.inc()
+            self._retries_tally.n += 1
             return
         starts = self._starts_all
         if starts is None:
@@ -409,9 +475,9 @@ class NodeMetrics:
         delay_s = start_delay_s if start_delay_s > 0.0 else 0.0
         late = delay_s > self.slo_target_s
         starts[0].observe(delay_s)
-        starts[1].inc()
+        starts[1].n += 1
         if late:
-            starts[2].inc()
+            starts[2].n += 1
         self._window.record(late)
 
     def execution_finished(self, task_type: str, outcome: str, duration_s: float) -> None:
@@ -420,10 +486,10 @@ class NodeMetrics:
         children = self._finished.get((task_type, outcome))
         if children is None:
             children = self._finished_children(task_type, outcome)
-        children[0].inc()
+        children[0].n += 1
         children[1].observe(duration_s * 1000.0)
         if children[2] is not None:
-            children[2].inc()
+            children[2].n += 1
 
     def attempts_expired(self, n: int) -> None:
         """The redeliverer re-queued ``n`` attempts whose attempt lease ran out."""
@@ -467,14 +533,34 @@ class NodeMetrics:
     def window_starts(self) -> int:
         return self._window.starts
 
+    def flush(self) -> None:
+        """Add the tallies of the per-execution paths to their prometheus children (done at
+        every collection of the registry, first; see the module docstring)."""
+        for tally in self._tallies.values():
+            tally.flush()
+
     # -- internals ------------------------------------------------------------------------
+
+    def _counter_tally(self, child: Counter) -> _CounterTally:
+        tally = self._tallies.get(child)
+        if tally is None:
+            tally = self._tallies[child] = _CounterTally(child)
+        assert isinstance(tally, _CounterTally)
+        return tally
+
+    def _histogram_tally(self, child: Histogram) -> _HistogramTally:
+        tally = self._tallies.get(child)
+        if tally is None:
+            tally = self._tallies[child] = _HistogramTally(child)
+        assert isinstance(tally, _HistogramTally)
+        return tally
 
     def _tenant_starts(self, tenant_id: str) -> _Starts:
         label = self._tenants(tenant_id)
         children = (
-            self._start_delay.labels(label),
-            self._starts.labels(label),
-            self._starts_late.labels(label),
+            self._histogram_tally(self._start_delay.labels(label)),
+            self._counter_tally(self._starts.labels(label)),
+            self._counter_tally(self._starts_late.labels(label)),
         )
         if label == tenant_id:  # values folded into "other" stay uncached: the cache is bounded
             self._starts_by_tenant[tenant_id] = children
@@ -484,9 +570,9 @@ class NodeMetrics:
         label = self._task_types(task_type)
         status = self._statuses(outcome)
         children = (
-            self._attempts.labels(status, label),
-            self._duration.labels(label),
-            self._dead.labels(label) if outcome == "dead-letter" else None,
+            self._counter_tally(self._attempts.labels(status, label)),
+            self._histogram_tally(self._duration.labels(label)),
+            self._counter_tally(self._dead.labels(label)) if outcome == "dead-letter" else None,
         )
         if label == task_type and status == outcome:
             self._finished[(task_type, outcome)] = children
@@ -503,6 +589,9 @@ class _ScrapeCollector:
         return self._families(None)
 
     def collect(self) -> Iterable[Metric]:
+        # Registered first, so collected first: the counters and histograms collected after
+        # it show every tally.
+        self._metrics.flush()
         return self._families(self._metrics.gauges())
 
     def _families(self, gauges: NodeGauges | None) -> list[Metric]:

@@ -288,13 +288,7 @@ class Dispatcher:
         wanted = min(self.config.claim_batch, self._workers.free - self._claiming)
         if self._bucket is not None:
             wanted = min(wanted, self._tokens_now(now_mono))
-        batch: list[Execution] = []
-        now = self._monitor.now()
-        while len(batch) < wanted:
-            execution = self.queue.pop(now)
-            if execution is None:
-                break
-            batch.append(execution)
+        batch = self.queue.pop_many(self._monitor.now(), wanted) if wanted > 0 else []
         if batch and self._bucket is not None and not self._bucket.take(now_mono, len(batch)):
             raise AssertionError("the token bucket refused what it said it would admit")
         return batch

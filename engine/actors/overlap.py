@@ -26,7 +26,7 @@ from typing import Final
 
 from engine.actors.partitions import PartitionTable
 from engine.actors.retry import retry_unavailable
-from engine.actors.schedule_cache import ScheduleCache
+from engine.actors.schedule_cache import UNCACHED, ScheduleCache
 from engine.core.dispatch import ConcurrencyLimits
 from engine.core.fair_queue import FairQueue
 from engine.errors import CarillonError, LeaseLost
@@ -94,7 +94,9 @@ class OverlapGuard:
         await self._schedules.prefetch([execution.schedule_id for execution in batch])
         for execution in batch:
             try:
-                verdict = await self._verdict(execution)
+                verdict = self._verdict_at_once(execution)
+                if verdict is None:
+                    verdict = await self._verdict(execution)
             except CarillonError as exc:
                 # Cannot tell whether it may start: leave it queued in the ledger for a
                 # later fetch rather than risk an overlap the policy forbids.
@@ -117,6 +119,18 @@ class OverlapGuard:
         if skipped:
             await self._skip(skipped)
         return admitted, settled
+
+    def _verdict_at_once(self, execution: Execution) -> OverlapVerdict | None:
+        """The verdict of :meth:`_verdict` when it needs no read -- the schedule is cached and
+        allows overlaps (or is deleted), as for nearly every execution -- else ``None``."""
+        schedule = self._schedules.cached(execution.schedule_id)
+        if schedule is UNCACHED:
+            return None
+        if schedule is None:
+            return OverlapVerdict.START
+        if overlap_policy(schedule, self._task_type(execution.task_type)) is OverlapPolicy.ALLOW:
+            return OverlapVerdict.START
+        return None
 
     async def _verdict(self, execution: Execution) -> OverlapVerdict:
         schedule = await self._schedules.get(execution.schedule_id)

@@ -9,9 +9,10 @@ when full, the oldest tenth goes (re-reading one later costs a round trip).
 
 from __future__ import annotations
 
+import enum
 import itertools
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, Literal
 
 import trio
 
@@ -22,6 +23,15 @@ from engine.model import Schedule
 
 SCHEDULE_CACHE_MAX: Final = 100_000
 """Schedules cached at most."""
+
+
+class Uncached(enum.Enum):
+    """What :meth:`ScheduleCache.cached` answers for a schedule it holds no fresh entry of."""
+
+    UNCACHED = "uncached"
+
+
+UNCACHED: Final = Uncached.UNCACHED
 
 
 class ScheduleCache:
@@ -42,15 +52,23 @@ class ScheduleCache:
         self._reading: dict[str, trio.Event] = {}
         """Schedules being read now: whoever needs one meanwhile waits for that read."""
 
-    def _fresh(self, schedule_id: str, now: float) -> bool:
+    def cached(
+        self, schedule_id: str, now: float | None = None
+    ) -> Schedule | Literal[Uncached.UNCACHED] | None:
+        """What :meth:`get` would return at once: the fresh entry (a schedule, or ``None``
+        for a deleted one), or :data:`UNCACHED` when it would have to read. Synchronous, for
+        the per-execution paths that nearly always hit (everything fetched was prefetched).
+        ``now``: the clock's monotonic time, if the caller has just read it."""
         cached = self._entries.get(schedule_id)
-        return cached is not None and cached[0] > now
+        if cached is not None and cached[0] > (self._clock.monotonic() if now is None else now):
+            return cached[1]
+        return UNCACHED
 
     async def get(self, schedule_id: str) -> Schedule | None:
         """The schedule, or ``None`` if it is deleted (at most ``ttl_s`` old)."""
-        cached = self._entries.get(schedule_id)
-        if cached is not None and cached[0] > self._clock.monotonic():
-            return cached[1]
+        hit = self.cached(schedule_id)
+        if hit is not UNCACHED:
+            return hit
         reading = self._reading.get(schedule_id)
         if reading is not None:
             await reading.wait()
@@ -75,8 +93,13 @@ class ScheduleCache:
         is left for :meth:`get` to raise."""
         now = self._clock.monotonic()
         wanted = dict.fromkeys(schedule_ids)
-        missing = [s for s in wanted if not self._fresh(s, now) and s not in self._reading]
-        waits = [self._reading[s] for s in wanted if s in self._reading]
+        entries, reading = self._entries, self._reading
+        missing = [
+            s
+            for s in wanted
+            if ((entry := entries.get(s)) is None or entry[0] <= now) and s not in reading
+        ]
+        waits = [reading[s] for s in wanted if s in reading] if reading else []
         for first in range(0, len(missing), PAGE_SIZE_MAX):
             chunk = missing[first : first + PAGE_SIZE_MAX]
             done = trio.Event()

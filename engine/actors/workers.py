@@ -50,11 +50,18 @@ from engine.actors.clock_monitor import ClockMonitor
 from engine.actors.completions import CompletionWriter
 from engine.actors.partitions import PartitionTable
 from engine.actors.retry import retry_unavailable
-from engine.actors.schedule_cache import ScheduleCache
+from engine.actors.schedule_cache import UNCACHED, ScheduleCache
 from engine.clock import Clock
-from engine.core.retry_policy import RetryPolicy, decide
+from engine.core.retry_policy import Decision, RetryPolicy, decide
 from engine.errors import CarillonError, LeaseLost
-from engine.handlers import ExecutionContext, Handler, HandlerOptions, HandlerResult, build_handler
+from engine.handlers import (
+    ExecutionContext,
+    Handler,
+    HandlerOptions,
+    HandlerResult,
+    OutcomeKind,
+    build_handler,
+)
 from engine.ledger.base import (
     BATCH_ROWS_MAX,
     AttemptRef,
@@ -94,6 +101,9 @@ lease has passed since the claim (or the last renewal) was sent. In normal opera
 renewal comes once a third has passed; beyond two thirds, renewals have been failing or the
 node was not running, and the lease may run out before the handler is under way."""
 _OUTCOMES: Final = {str(outcome): outcome for outcome in Outcome}
+_SUCCEEDED: Final = Decision("succeeded")
+_SETUP_FAILED_POLICY: Final = RetryPolicy()
+"""The retry policy of an attempt whose task type could not be read or built."""
 
 
 def renew_check_s_for(attempt_lease_s: float) -> float:
@@ -325,15 +335,23 @@ class WorkerPool:
 
     async def _execute(self, work: Work, held: _Held) -> None:
         execution = work.execution
-        policy = RetryPolicy()
+        policy = _SETUP_FAILED_POLICY
         run_started: float | None = None
         try:
             # A database blip is not the execution's failure: wait it out (the attempt
             # lease renewals wait too) instead of spending an attempt as a setup error.
-            kind = await self._read(functools.partial(self._kind, execution.task_type))
+            # Both nearly always come from the caches: look there before setting up a read.
+            now = self._clock.monotonic()
+            kind = self._kinds.get(execution.task_type)
+            if kind is None or kind.expires <= now:
+                kind = await self._read(functools.partial(self._kind, execution.task_type))
+                now = self._clock.monotonic()
             policy = kind.policy
-            schedule = await self._read(
-                functools.partial(self.schedules.get, execution.schedule_id)
+            cached = self.schedules.cached(execution.schedule_id, now)
+            schedule = (
+                await self._read(functools.partial(self.schedules.get, execution.schedule_id))
+                if cached is UNCACHED
+                else cached
             )
             context = ExecutionContext(
                 execution_id=execution.execution_id,
@@ -348,15 +366,13 @@ class WorkerPool:
             )
             if held.abandoned:
                 return  # taken away while its context was prepared
-            if self._clock.monotonic() - held.renewed_at >= (
-                work.attempt_lease_s * ATTEMPT_START_WITHIN
-            ):
+            run_started = self._clock.monotonic()
+            if run_started - held.renewed_at >= work.attempt_lease_s * ATTEMPT_START_WITHIN:
                 self._abandon(held, "its attempt lease may have run out before it could start")
                 return
             timeout_s = kind.task_type.timeout_s
             delay = self._monitor.now() - execution.planned_at
             self._metrics.execution_started(execution, delay.total_seconds())
-            run_started = self._clock.monotonic()
             # One scope for both ends of a run: the deadline (the handler hangs) and an
             # abandonment (the attempt was taken away; see _abandon).
             with trio.CancelScope(deadline=trio.current_time() + timeout_s + TIMEOUT_GRACE_S) as (
@@ -373,14 +389,17 @@ class WorkerPool:
             log.error("execution %s cannot run: %s", execution.execution_id, exc)
             result = HandlerResult.unknown("setup_error", str(exc))
         ran_s = 0.0 if run_started is None else self._clock.monotonic() - run_started
-        decision = decide(
-            result.kind,
-            execution.attempt,
-            policy,
-            self._monitor.now(),  # retry times are compared with the database's clock
-            self._rng,
-            retry_after_s=result.retry_after_s,
-        )
+        if result.kind is OutcomeKind.SUCCEEDED:
+            decision = _SUCCEEDED  # what decide() says of a success, without reading the clock
+        else:
+            decision = decide(
+                result.kind,
+                execution.attempt,
+                policy,
+                self._monitor.now(),  # retry times are compared with the database's clock
+                self._rng,
+                retry_after_s=result.retry_after_s,
+            )
         self._finished[decision.outcome] = self._finished.get(decision.outcome, 0) + 1
         self._metrics.execution_finished(execution.task_type, decision.outcome, ran_s)
         if decision.not_before is not None:

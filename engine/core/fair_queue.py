@@ -8,12 +8,16 @@ passes ``now`` (a UTC datetime, like the instants it compares with).
 
 Design
 ------
-*Lanes.* Each tenant has one lane per task type: a heap of its due items ordered by
+*Lanes.* Each tenant has one lane per task type: its due items ordered by
 ``(due_at, execution_id)`` -- planned time, or ``not_before`` for a retry. A tenant's next item
 is the earliest head among the lanes whose task type has room, so a capped task type does not
-hold up the tenant's other task types.
+hold up the tenant's other task types. A lane (:class:`_Lane`) keeps its distinct instants in
+a heap and the ids of each instant in a sorted deque: a burst puts thousands of items on one
+instant, arriving in id order (the ledger returns them so), and then a push is an append and a
+pop a ``popleft`` -- a heap of ``(due_at, execution_id, item)`` tuples compared the tied
+instants before the ids at every step and was most of the cost of a pop.
 
-*Time.* Items not yet due wait in one pending heap, invisible to fairness; ``pop(now)`` first
+*Time.* Items not yet due wait in one pending lane, invisible to fairness; ``pop(now)`` first
 releases those due at or before ``now`` into their lanes. The queue keeps the latest ``now``
 it was given, so a clock stepping back does not recall what was released.
 
@@ -53,9 +57,11 @@ push beyond returns :attr:`PushOutcome.FULL`: stop fetching); same calls, same r
 
 from __future__ import annotations
 
+import bisect
 import enum
 import heapq
 import math
+from collections import deque
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Final, Generic, TypeVar
@@ -101,6 +107,56 @@ class _Phase(enum.Enum):
     PARKED = "parked"
 
 
+class _Lane:
+    """Execution ids in ``(due_at, execution_id)`` order (see *Lanes* in the module doc)."""
+
+    __slots__ = ("_by_instant", "_instants", "_last_ids", "_last_instant")
+
+    def __init__(self) -> None:
+        self._instants: list[datetime] = []
+        """A heap of the distinct instants held."""
+        self._by_instant: dict[datetime, deque[str]] = {}
+        """The ids due at each instant, in order."""
+        self._last_instant: datetime | None = None
+        self._last_ids: deque[str] | None = None
+        """The instant pushed to last, and its ids: a burst pushes to one instant over and
+        over, and comparing instants is cheaper than hashing one."""
+
+    def __bool__(self) -> bool:
+        return bool(self._instants)
+
+    def push(self, due_at: datetime, execution_id: str) -> None:
+        ids = self._last_ids if due_at == self._last_instant else self._by_instant.get(due_at)
+        if ids is None:
+            ids = self._by_instant[due_at] = deque((execution_id,))
+            heapq.heappush(self._instants, due_at)
+        elif execution_id > ids[-1]:
+            ids.append(execution_id)
+        else:
+            bisect.insort(ids, execution_id)
+        self._last_instant, self._last_ids = due_at, ids
+
+    def head(self) -> tuple[datetime, str]:
+        """The first ``(due_at, execution_id)``; the lane must not be empty."""
+        due_at = self._instants[0]
+        return due_at, self._by_instant[due_at][0]
+
+    def first_due_at(self) -> datetime:
+        return self._instants[0]
+
+    def pop(self) -> str:
+        """Remove and return the first execution id; the lane must not be empty."""
+        due_at = self._instants[0]
+        ids = self._by_instant[due_at]
+        execution_id = ids.popleft()
+        if not ids:
+            heapq.heappop(self._instants)
+            del self._by_instant[due_at]
+            if ids is self._last_ids:
+                self._last_instant = self._last_ids = None
+        return execution_id
+
+
 class _Tenant(Generic[T]):
     __slots__ = (
         "due",
@@ -110,6 +166,7 @@ class _Tenant(Generic[T]):
         "parked_on_rate",
         "phase",
         "queued",
+        "turn",
         "version",
         "vt",
         "weight",
@@ -120,11 +177,13 @@ class _Tenant(Generic[T]):
     """``e_i - floor(V)`` kept while parked."""
 
     def __init__(self) -> None:
-        self.lanes: dict[str, list[tuple[datetime, str, T]]] = {}
+        self.lanes: dict[str, _Lane] = {}
         self.due = 0
         self.queued = 0
         self.phase = _Phase.IDLE
         self.weight = WEIGHT_DEFAULT
+        self.turn = TURN // WEIGHT_DEFAULT
+        """``TURN // weight``, kept with the weight (a division of a very large number)."""
         self.vt = 0
         self.offset = 0
         self.parked_on_quota = False
@@ -149,9 +208,13 @@ class FairQueue(Generic[T]):
         self._limits = limits if limits is not None else ConcurrencyLimits()
         self._weights: dict[str, int] = {}
         self._tenants: dict[str, _Tenant[T]] = {}
-        self._ids: set[str] = set()
-        self._pending: list[tuple[datetime, str, T]] = []
+        self._items: dict[str, T] = {}
+        """Every item held, by execution id."""
+        self._pending = _Lane()
+        """Items not yet due."""
         self._now: datetime | None = None
+        self._now_s = 0.0
+        """``_now`` as a POSIX timestamp (the token buckets' clock)."""
         self._sum_w = 0
         self._sum_wvt = 0
         self._v_idle = 0
@@ -163,6 +226,7 @@ class FairQueue(Generic[T]):
         self._buckets: dict[str, TokenBucket] = {}
         self._parked_on_rate: list[tuple[datetime, str, int]] = []
         """Tenants out of tokens, by the instant their next token comes."""
+        self._not_yet_due = 0
         self._duplicates_total = 0
         self._overflows_total = 0
         for tenant_id, weight in (weights or {}).items():
@@ -179,13 +243,13 @@ class FairQueue(Generic[T]):
     @property
     def room(self) -> int:
         """How many more items fit: fetch at most this many."""
-        return self._max_items - len(self._ids)
+        return self._max_items - len(self._items)
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self._items)
 
     def __contains__(self, execution_id: object) -> bool:
-        return execution_id in self._ids
+        return execution_id in self._items
 
     def count(self, tenant_id: str) -> int:
         """Items queued for ``tenant_id``, due or not."""
@@ -215,6 +279,7 @@ class FairQueue(Generic[T]):
             self._sum_w += new - tenant.weight
             self._sum_wvt += (new - tenant.weight) * tenant.vt
             tenant.weight = new
+            tenant.turn = TURN // new
             tenant.version += 1
             self._push_eligible(tenant_id, tenant)
 
@@ -241,13 +306,15 @@ class FairQueue(Generic[T]):
             if self._live(tenant_id, version, _Phase.PARKED) is not None:
                 break
             heapq.heappop(self._parked_on_rate)
-        times = [entry[0][0] for entry in (self._pending, self._parked_on_rate) if entry]
+        times = [self._parked_on_rate[0][0]] if self._parked_on_rate else []
+        if self._pending:
+            times.append(self._pending.first_due_at())
         return min(times) if times else None
 
     def statistics(self) -> FairQueueStatistics:
         return FairQueueStatistics(
-            queued=len(self._ids),
-            not_yet_due=len(self._pending),
+            queued=len(self._items),
+            not_yet_due=self._not_yet_due,
             tenants=len(self._tenants),
             tenants_competing=self._competing,
             tenants_parked=self._parked,
@@ -258,22 +325,24 @@ class FairQueue(Generic[T]):
     def push(self, item: T) -> PushOutcome:
         """Queue ``item`` until it is due and its turn comes."""
         execution_id = item.execution_id
-        if execution_id in self._ids:
+        items = self._items
+        if execution_id in items:
             self._duplicates_total += 1
             return PushOutcome.DUPLICATE
-        if len(self._ids) >= self._max_items:
+        if len(items) >= self._max_items:
             self._overflows_total += 1
             return PushOutcome.FULL
-        self._ids.add(execution_id)
+        items[execution_id] = item
         tenant = self._tenants.get(item.tenant_id)
         if tenant is None:
             tenant = self._tenants[item.tenant_id] = _Tenant()
         tenant.queued += 1
-        entry = (due_at(item), execution_id, item)
-        if self._now is not None and entry[0] <= self._now:
-            self._release(item.tenant_id, tenant, entry)
+        instant = due_at(item)
+        if self._now is not None and instant <= self._now:
+            self._release(item.tenant_id, tenant, instant, item)
         else:
-            heapq.heappush(self._pending, entry)
+            self._pending.push(instant, execution_id)
+            self._not_yet_due += 1
         return PushOutcome.QUEUED
 
     def pop(self, now: datetime) -> T | None:
@@ -284,15 +353,41 @@ class FairQueue(Generic[T]):
         -- also when it does not start the item after all, and then pushes it back. (Check the
         token bucket's ``wait_s`` before popping, so that a popped item can always start.)
         """
+        self._advance(now)
+        return self._next(self._now_s)
+
+    def pop_many(self, now: datetime, limit: int) -> list[T]:
+        """Up to ``limit`` items to start at ``now``: what as many :meth:`pop` calls would
+        return, in that order, up to the first ``None``. (One call for a batch: the dispatcher
+        pops hundreds at a time.)"""
+        self._advance(now)
+        popped: list[T] = []
+        clock_s = self._now_s
+        while len(popped) < limit:
+            item = self._next(clock_s)
+            if item is None:
+                break
+            popped.append(item)
+        return popped
+
+    def _advance(self, now: datetime) -> None:
+        """Move the queue's time to ``now`` (never back) and release what is due by then."""
         if self._now is None or now > self._now:
             self._now = now
-        while self._pending and self._pending[0][0] <= self._now:
-            entry = heapq.heappop(self._pending)
-            tenant_id = entry[2].tenant_id
-            self._release(tenant_id, self._tenants[tenant_id], entry)
+            self._now_s = now.timestamp()
+        now = self._now
+        pending = self._pending
+        while pending and (instant := pending.first_due_at()) <= now:
+            item = self._items[pending.pop()]
+            self._not_yet_due -= 1
+            tenant_id = item.tenant_id
+            self._release(tenant_id, self._tenants[tenant_id], instant, item)
+
+    def _next(self, clock_s: float) -> T | None:
+        """One :meth:`pop` at the queue's time (``clock_s``: that time in seconds)."""
         self._wake_freed()
+        assert self._now is not None
         self._wake_rated(self._now)
-        clock_s = self._now.timestamp()
         while self._competing:
             tenant_id = self._select()
             tenant = self._tenants[tenant_id]
@@ -311,13 +406,13 @@ class FairQueue(Generic[T]):
 
     # -- lanes -------------------------------------------------------------------------------
 
-    def _release(self, tenant_id: str, tenant: _Tenant[T], entry: tuple[datetime, str, T]) -> None:
-        task_type = entry[2].task_type
+    def _release(self, tenant_id: str, tenant: _Tenant[T], instant: datetime, item: T) -> None:
+        task_type = item.task_type
         lane = tenant.lanes.get(task_type)
         new_lane = lane is None
         if lane is None:
-            lane = tenant.lanes[task_type] = []
-        heapq.heappush(lane, entry)
+            lane = tenant.lanes[task_type] = _Lane()
+        lane.push(instant, item.execution_id)
         tenant.due += 1
         if tenant.phase is _Phase.IDLE:
             self._join(tenant_id, tenant, offset=0)
@@ -335,21 +430,20 @@ class FairQueue(Generic[T]):
         best: tuple[datetime, str] | None = None
         best_type = None
         for task_type, lane in tenant.lanes.items():
-            head = (lane[0][0], lane[0][1])
+            head = lane.head()
             if (best is None or head < best) and self._limits.task_type_has_room(task_type):
                 best, best_type = head, task_type
         return best_type
 
     def _take(self, tenant_id: str, tenant: _Tenant[T], task_type: str) -> T:
         lane = tenant.lanes[task_type]
-        _, execution_id, item = heapq.heappop(lane)
+        item = self._items.pop(lane.pop())
         if not lane:
             del tenant.lanes[task_type]
         tenant.due -= 1
         tenant.queued -= 1
-        self._ids.remove(execution_id)
         self._limits.started(tenant_id, task_type)
-        turn = TURN // tenant.weight
+        turn = tenant.turn
         tenant.vt += turn
         self._sum_wvt += tenant.weight * turn
         tenant.version += 1
@@ -367,18 +461,27 @@ class FairQueue(Generic[T]):
         """The eligible competing tenant with the earliest virtual deadline."""
         sum_w, sum_wvt = self._sum_w, self._sum_wvt
         eligible, deadlines = self._by_eligible, self._by_deadline
+        tenants = self._tenants
+        # Entries of tenants whose version or phase moved on are stale (see _live, inlined:
+        # this runs for every pop).
         while eligible:
             vt, tenant_id, version = eligible[0]
-            tenant = self._live(tenant_id, version, _Phase.COMPETING)
-            if tenant is not None and vt * sum_w > sum_wvt:
+            tenant = tenants.get(tenant_id)
+            live = (
+                tenant is not None
+                and tenant.version == version
+                and tenant.phase is _Phase.COMPETING
+            )
+            if live and vt * sum_w > sum_wvt:
                 break
             heapq.heappop(eligible)
-            if tenant is not None:
-                heapq.heappush(deadlines, (vt + TURN // tenant.weight, tenant_id, version))
+            if live:
+                assert tenant is not None
+                heapq.heappush(deadlines, (vt + tenant.turn, tenant_id, version))
         while True:
             _, tenant_id, version = deadlines[0]
-            tenant = self._live(tenant_id, version, _Phase.COMPETING)
-            if tenant is None:
+            tenant = tenants.get(tenant_id)
+            if tenant is None or tenant.version != version or tenant.phase is not _Phase.COMPETING:
                 heapq.heappop(deadlines)
             elif tenant.vt * sum_w > sum_wvt:
                 # V fell back (a tenant ahead of it joined or one behind it left).
@@ -398,6 +501,7 @@ class FairQueue(Generic[T]):
 
     def _join(self, tenant_id: str, tenant: _Tenant[T], *, offset: int) -> None:
         tenant.weight = self.weight(tenant_id)
+        tenant.turn = TURN // tenant.weight
         tenant.vt = self._v_floor() + offset
         tenant.phase = _Phase.COMPETING
         tenant.version += 1
@@ -432,7 +536,7 @@ class FairQueue(Generic[T]):
     # -- parking -----------------------------------------------------------------------------
 
     def _park(self, tenant_id: str, tenant: _Tenant[T]) -> None:
-        turn = TURN // tenant.weight
+        turn = tenant.turn
         tenant.offset = min(max(tenant.vt - self._v_floor(), -turn), turn)
         self._leave(tenant, _Phase.PARKED)
         self._parked += 1
@@ -446,7 +550,7 @@ class FairQueue(Generic[T]):
                 self._wait_on_type(tenant_id, tenant, task_type)
 
     def _park_on_rate(self, tenant_id: str, tenant: _Tenant[T], until: datetime) -> None:
-        turn = TURN // tenant.weight
+        turn = tenant.turn
         tenant.offset = min(max(tenant.vt - self._v_floor(), -turn), turn)
         self._leave(tenant, _Phase.PARKED)
         self._parked += 1
@@ -463,7 +567,7 @@ class FairQueue(Generic[T]):
 
     def _wait_on_type(self, tenant_id: str, tenant: _Tenant[T], task_type: str) -> None:
         waiting = self._parked_on_type.setdefault(task_type, [])
-        heapq.heappush(waiting, (tenant.offset + TURN // tenant.weight, tenant_id, tenant.version))
+        heapq.heappush(waiting, (tenant.offset + tenant.turn, tenant_id, tenant.version))
         if len(waiting) > 2 * self._parked + STALE_ENTRIES_SLACK:
             waiting[:] = [e for e in waiting if self._live(e[1], e[2], _Phase.PARKED)]
             heapq.heapify(waiting)

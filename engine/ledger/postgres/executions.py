@@ -15,6 +15,7 @@ dead-letter replay and the audit trail in :mod:`~engine.ledger.postgres.audit`.
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -57,12 +58,16 @@ from engine.ledger.postgres.rows import (
     check_limit,
     execution_from_columns,
     in_order,
+    int_array,
+    text_array,
+    timestamptz_array,
     unique,
 )
 from engine.ledger.postgres.store import Store
 from engine.model import Execution, ExecutionStatus, execution_id, parse_execution_id
 
 _PLANNABLE = frozenset({ExecutionStatus.QUEUED, ExecutionStatus.SKIPPED})
+_OUTCOMES: Final = frozenset(str(outcome) for outcome in Outcome)
 
 
 async def executions_plan(store: Store, params: ExecutionsPlan) -> PlanResult:
@@ -173,7 +178,7 @@ async def executions_claim(store: Store, params: ExecutionsClaim) -> list[Execut
     lease_s = check_duration(params.attempt_lease_s, field="attempt_lease_s")
     ids = unique(params.execution_ids)
     tokens = _tokens(params.fences)
-    _check_partition(_schedule_ids(ids), tokens.keys(), store.partition_count, what="execution")
+    _check_routed(ids, tokens.keys(), store.partition_count)
     fenced = fence_arrays(params.fences)
     if not ids:
         async with store.transaction() as connection:
@@ -208,7 +213,7 @@ async def executions_extend(store: Store, params: ExecutionsExtend) -> list[str]
     pairs = unique((ref.execution_id, ref.attempt) for ref in params.attempts)
     tokens = _tokens(params.fences)
     ids = [execution_id_ for execution_id_, _ in pairs]
-    _check_partition(_schedule_ids(ids), tokens.keys(), store.partition_count, what="execution")
+    _check_routed(ids, tokens.keys(), store.partition_count)
     async with store.transaction() as connection:
         await require_fences(connection, params.fences)
         if not pairs:
@@ -229,15 +234,18 @@ async def executions_complete(store: Store, params: ExecutionsComplete) -> Compl
     check_batch(completions, BATCH_ROWS_MAX, what="completions")
     tokens = _tokens(params.fences)
     ids = [c.execution_id for c in completions]
-    _check_partition(_schedule_ids(ids), tokens.keys(), store.partition_count, what="execution")
-    outcomes = {str(outcome) for outcome in Outcome}
+    _check_routed(ids, tokens.keys(), store.partition_count)
     for completion in completions:
-        if completion.outcome not in outcomes:
+        if completion.outcome not in _OUTCOMES:
             raise InvalidField(f"unknown outcome {completion.outcome!r}")
-        aware_or_none(completion.not_before, field="not_before")
+        if completion.not_before is not None:
+            aware(completion.not_before, field="not_before")
     # Of repeated (id, attempt) pairs the first is tried; at most one attempt per id matches.
-    distinct = list({(c.execution_id, c.attempt): c for c in reversed(completions)}.values())
-    distinct.reverse()
+    if len(set(ids)) == len(ids):
+        distinct = completions  # no id twice, so no pair twice (the rule)
+    else:
+        distinct = list({(c.execution_id, c.attempt): c for c in reversed(completions)}.values())
+        distinct.reverse()
     fenced = fence_arrays(params.fences)
     winners: dict[str, int] = {}
     if not distinct:
@@ -247,18 +255,17 @@ async def executions_complete(store: Store, params: ExecutionsComplete) -> Compl
         async with store.connection() as connection:
             rows = await connection.fetch(
                 sql_executions.EXECUTIONS_COMPLETE,
-                [c.execution_id for c in distinct],
-                [c.attempt for c in distinct],
-                [str(c.outcome) for c in distinct],
-                [c.not_before for c in distinct],
-                [c.error_code for c in distinct],
-                [c.error_message for c in distinct],
+                text_array([c.execution_id for c in distinct]),
+                int_array([c.attempt for c in distinct]),
+                text_array([c.outcome for c in distinct]),
+                timestamptz_array([c.not_before for c in distinct]),
+                text_array([c.error_code for c in distinct]),
+                text_array([c.error_message for c in distinct]),
                 *fenced,
             )
         check_held(rows[0], fenced[0])
-        winners = {
-            row["execution_id"]: row["attempt"] for row in rows if row["execution_id"] is not None
-        }
+        # Columns: fences_held, holding, execution_id, attempt (NULLs when none finished).
+        winners = {row[2]: row[3] for row in rows if row[2] is not None}
     applied: list[str] = []
     stale: list[str] = []
     for completion in completions:
@@ -276,7 +283,7 @@ async def executions_skip(store: Store, params: ExecutionsSkip) -> list[str]:
         raise InvalidField("a skipped execution must carry an error_code saying why")
     ids = unique(params.execution_ids)
     tokens = _tokens(params.fences)
-    _check_partition(_schedule_ids(ids), tokens.keys(), store.partition_count, what="execution")
+    _check_routed(ids, tokens.keys(), store.partition_count)
     async with store.transaction() as connection:
         await require_fences(connection, params.fences)
         if not ids:
@@ -387,9 +394,32 @@ def _tokens(fences: list[Fence]) -> dict[int, int]:
     return {fence.partition_id: fence.fencing_token for fence in fences}
 
 
-def _schedule_ids(execution_ids: list[str]) -> list[str]:
-    """The schedule part of each id; ``InvalidField`` for an id no plan could have made."""
-    return [parse_execution_id(value)[0] for value in execution_ids]
+ROUTED_IDS_CACHED: Final = 1 << 15
+"""Execution ids whose partition is remembered: more than a node holds between claiming an
+execution and completing it (its workers, their hand-off, the completion queue)."""
+
+
+@functools.lru_cache(maxsize=ROUTED_IDS_CACHED)
+def _partition_of_execution(execution_id_: str, partition_count: int) -> int:
+    """The partition of the execution ``execution_id_`` (by its schedule id);
+    ``InvalidField`` for an id no plan could have made. Cached: the same id is checked when
+    it is claimed and again when it is completed, and parsing and hashing it cost more than
+    anything else done with it in Python here."""
+    return partition_of(parse_execution_id(execution_id_)[0], partition_count)
+
+
+def _check_routed(execution_ids: list[str], fenced: Any, partition_count: int) -> None:
+    """``InvalidField`` unless every id is well formed (checked first, for all of them) and
+    belongs to a fenced partition: a misrouted id is refused before any round trip."""
+    partitions = [_partition_of_execution(value, partition_count) for value in execution_ids]
+    allowed = set(fenced)
+    for value, partition in zip(execution_ids, partitions, strict=True):
+        if partition not in allowed:
+            schedule_id = parse_execution_id(value)[0]
+            raise InvalidField(
+                f"execution of schedule {schedule_id!r} belongs to partition {partition}, "
+                f"which is not fenced by this call ({sorted(allowed)})"
+            )
 
 
 def _check_partition(
