@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
 import asyncpg
+import msgspec
 
 from engine.core.dst import DstGap, DstOverlap
 from engine.errors import InvalidField
@@ -102,25 +103,11 @@ def execution_from_columns(row: asyncpg.Record, first: int = 0) -> Execution:
         partition_id,
         attempt_expires_at,
     ) = row[first : first + _EXECUTION_COLUMN_COUNT]
-    if not_before is None and finished_at is None and error_code is None and error_message is None:
-        # The hot path's rows -- fetched (queued) and claimed (running) -- leave these four
-        # NULL. Left out, they take their default, None: msgspec builds a struct from 16
-        # keywords three times slower than from 12 (measured, msgspec 0.22: 1.5 vs 0.45 us).
-        return Execution(
-            execution_id=execution_id_,
-            schedule_id=schedule_id,
-            tenant_id=tenant_id,
-            task_type=task_type,
-            planned_at=planned_at,
-            status=_STATUS[status],
-            attempt=attempt,
-            enqueued_at=enqueued_at,
-            started_at=started_at,
-            fencing_token=fencing_token,
-            partition_id=partition_id,
-            attempt_expires_at=attempt_expires_at,
-        )
-    return Execution(
+    # Built with the twelve columns every row has; the four the hot path's rows -- fetched
+    # (queued) and claimed (running) -- leave NULL are added only when one is set: msgspec
+    # builds a struct from 16 keywords three times slower than from 12 (measured, msgspec
+    # 0.22: 1.5 vs 0.45 us).
+    execution = Execution(
         execution_id=execution_id_,
         schedule_id=schedule_id,
         tenant_id=tenant_id,
@@ -129,14 +116,19 @@ def execution_from_columns(row: asyncpg.Record, first: int = 0) -> Execution:
         status=_STATUS[status],
         attempt=attempt,
         enqueued_at=enqueued_at,
-        not_before=not_before,
         started_at=started_at,
-        finished_at=finished_at,
-        error_code=error_code,
-        error_message=error_message,
         fencing_token=fencing_token,
         partition_id=partition_id,
         attempt_expires_at=attempt_expires_at,
+    )
+    if not_before is None and finished_at is None and error_code is None and error_message is None:
+        return execution
+    return msgspec.structs.replace(
+        execution,
+        not_before=not_before,
+        finished_at=finished_at,
+        error_code=error_code,
+        error_message=error_message,
     )
 
 
