@@ -19,9 +19,14 @@ The node's metrics (:class:`~engine.metrics.NodeMetrics`, ``node.metrics``) are 
 of its own: the actors move the counters and histograms as work happens, and the gauges are
 read from :meth:`Node.statistics` at each scrape.
 
-On cancellation (SIGTERM/SIGINT in ``carillon run``) the actors stop, then -- shielded and
-bounded by ``shutdown_timeout_s`` -- the node releases its leases, so other nodes take the
-partitions over at once instead of waiting for expiry, and leaves the membership.
+On cancellation (SIGTERM/SIGINT in ``carillon run``) the node shuts down gracefully, shielded
+and bounded by ``shutdown_timeout_s`` in all: it first *drains* -- claims nothing more, while
+the workers finish the attempts already claimed and their completions are written, for at
+most half that time (and no more than a hand-back's drain) -- then the actors stop, and the
+node releases its leases, so other nodes take the partitions over at once instead of
+waiting for expiry, and leaves the membership. Without the drain, an attempt cut off by the
+shutdown would run again on another node once its attempt lease ran out: a deploy would
+repeat side effects and delay them by a minute.
 """
 
 from __future__ import annotations
@@ -43,7 +48,12 @@ from engine.actors.completions import (
 )
 from engine.actors.dispatcher import Dispatcher, DispatcherConfig, DispatcherStatistics
 from engine.actors.forecast import BurstForecast, ForecastConfig
-from engine.actors.lease_keeper import LeaseKeeper, LeaseKeeperConfig, LeaseStatistics
+from engine.actors.lease_keeper import (
+    HAND_BACK_DRAIN_S,
+    LeaseKeeper,
+    LeaseKeeperConfig,
+    LeaseStatistics,
+)
 from engine.actors.membership import Membership, MembershipConfig, MembershipStatistics
 from engine.actors.partitions import PartitionTable
 from engine.actors.planner import PlannerConfig
@@ -259,16 +269,62 @@ class Node:
     async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled, then shut down gracefully (bounded)."""
         await self._check_node_id()
+        # The actors are shielded from the node's cancellation: the watcher below takes it,
+        # drains, and only then stops them.
+        actors = trio.CancelScope(shield=True)
+        stop_by: list[float] = []
         try:
             async with trio.open_nursery() as nursery:
-                await nursery.start(self.supervisor.run)
-                task_status.started()
+                nursery.start_soon(self._drain_when_cancelled, actors, stop_by)
+                try:
+                    with actors:
+                        await self.supervisor.run(task_status=task_status)
+                finally:
+                    actors.cancel()  # ended on its own (an escalation): no drain
+                    nursery.cancel_scope.cancel()
         finally:
-            with trio.move_on_after(self.config.shutdown_timeout_s) as scope:
+            now = trio.current_time()
+            # Within the shutdown's bound, but always a moment to release the leases: the
+            # alternative is a TTL's wait for them on the other nodes.
+            deadline = (
+                max(stop_by[0], now + 1.0) if stop_by else now + self.config.shutdown_timeout_s
+            )
+            with trio.move_on_at(deadline) as scope:
                 scope.shield = True
                 await self._shutdown()
             if scope.cancelled_caught:
                 log.warning("shutdown took longer than %.1f s", self.config.shutdown_timeout_s)
+
+    async def _drain_when_cancelled(self, actors: trio.CancelScope, stop_by: list[float]) -> None:
+        """Sleep until the node is cancelled; then drain (see the module docstring) and stop
+        the actors. ``stop_by`` gets the instant the whole shutdown must end by."""
+        try:
+            await trio.sleep_forever()
+        finally:
+            if not actors.cancel_called:
+                if self.api is not None:
+                    self.api.mark_stopping()  # the load balancer stops sending requests now
+                now = trio.current_time()
+                stop_by.append(now + self.config.shutdown_timeout_s)
+                drain_s = min(HAND_BACK_DRAIN_S, self.config.shutdown_timeout_s / 2)
+                with trio.move_on_after(drain_s) as drain:
+                    drain.shield = True
+                    await self._drain()
+                if drain.cancelled_caught:
+                    left = sum(self.table.attempts_in_flight(p) for p in self.table)
+                    log.warning(
+                        "stopping with %d attempts in flight: they run again once their "
+                        "attempt leases run out",
+                        left,
+                    )
+                actors.cancel()
+
+    async def _drain(self) -> None:
+        """Claim nothing more, and wait for the attempts in flight to settle."""
+        partitions = list(self.table)
+        for partition_id in partitions:
+            self.table.drain(partition_id)
+        await self.table.wait_settled(partitions)
 
     def statistics(self) -> NodeStatistics:
         return NodeStatistics(

@@ -14,7 +14,8 @@ A fire planned at ``P`` must have its first attempt start (its handler invoked) 
   wall clock must not delay anything.
 
   ``R = TTL + TTL/3`` (a dead or frozen owner's lease runs out; a survivor's next lease
-  cycle takes it) ``+ PLANNER_STOP_WAIT (2 s)`` (a graceful hand-back) ``+ 6.5 s`` (the
+  cycle takes it) ``+ HAND_BACK_DRAIN (5 s) + PLANNER_STOP_WAIT (2 s)`` (a graceful
+  hand-back: its attempts in flight settle, then its planner stops) ``+ 6.5 s`` (the
   longest ledger retry backoff, with jitter) ``+ lookahead`` ``+ attempt_lease + 10 s`` (an
   attempt claimed by a process that then died, or whose claim reply was lost, is re-queued
   once its attempt lease runs out, by a redeliverer round, and fetched) ``+ RESTART_DELAY
@@ -31,7 +32,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from engine.actors.dispatcher import FETCH_INTERVAL_S_DEFAULT
-from engine.actors.lease_keeper import PLANNER_STOP_WAIT_S
+from engine.actors.lease_keeper import HAND_BACK_DRAIN_S, PLANNER_STOP_WAIT_S
 from engine.actors.redeliverer import REDELIVER_INTERVAL_S_DEFAULT
 from engine.actors.retry import LEDGER_BACKOFF
 from simulations.host import RESTART_DELAY_S
@@ -60,6 +61,7 @@ def recovery_s(params: SimParams) -> float:
     return (
         s.lease_ttl_s
         + s.lease_ttl_s / 3
+        + HAND_BACK_DRAIN_S
         + PLANNER_STOP_WAIT_S
         + backoff_max
         + s.lookahead_s

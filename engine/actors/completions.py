@@ -92,7 +92,11 @@ class CompletionWriter:
                     batch.append(self._receive.receive_nowait())
                 except trio.WouldBlock:
                     break
-            await self.write(batch)
+            try:
+                await self.write(batch)
+            finally:
+                # Written, refused or dropped: no longer in flight (a hand-back waits for it).
+                self._table.attempts_settled_each(partition_id for partition_id, _ in batch)
 
     async def write(self, batch: list[tuple[int, Completion]]) -> None:
         """Write one batch, dropping completions of partitions no longer owned."""

@@ -236,7 +236,7 @@ class Dispatcher:
 
     async def fetch(self) -> int:
         """Queue the startable executions of the owned partitions; returns how many were new."""
-        owned = list(self._table)
+        owned = self._table.claimable()  # not the draining ones: they are being handed back
         room = self.queue.room - self.overlap.held  # held ones count against the bound too
         if not owned or room <= 0:
             return 0
@@ -329,10 +329,15 @@ class Dispatcher:
             claimed, lease_s, claimed_at = (
                 await self._claim(admitted) if admitted else ([], 0.0, 0.0)
             )
-            for execution in claimed:
-                await self._workers.submit(
-                    Work(execution, execution.partition_id or 0, lease_s, claimed_at)
-                )
+            submitted = 0
+            try:
+                for execution in claimed:
+                    await self._workers.submit(
+                        Work(execution, execution.partition_id or 0, lease_s, claimed_at)
+                    )
+                    submitted += 1
+            finally:  # cancelled: the rest never reach a worker
+                self._table.attempts_settled_each(e.partition_id or 0 for e in claimed[submitted:])
         finally:
             self._dispatching.difference_update(execution.execution_id for execution in admitted)
             self._claiming -= len(admitted)
@@ -345,9 +350,33 @@ class Dispatcher:
         fences: dict[int, Fence] = {}
         for execution in batch:
             owned = self._table.get(execution.partition_id or 0)
-            if owned is not None:
+            if owned is not None and not owned.draining:
                 fences[owned.fence.partition_id] = owned.fence
         wanted = [e for e in batch if (e.partition_id or 0) in fences]
+        # In flight from now (a hand-back of the partition waits for them), until settled:
+        # below when not claimed, by the workers or the completion writer otherwise.
+        for execution in wanted:
+            self._table.attempts_started(execution.partition_id or 0)
+        claimed: list[Execution] = []
+        try:
+            claimed, lease_s, sent_at = await self._claim_wanted(fences, wanted)
+        finally:
+            started = {execution.execution_id for execution in claimed}
+            self._table.attempts_settled_each(
+                e.partition_id or 0 for e in wanted if e.execution_id not in started
+            )
+        for execution_id, execution in by_id.items():
+            if execution_id not in started:
+                self._limits.finished(execution.tenant_id, execution.task_type)
+                self.overlap.started_done(execution.schedule_id)
+        self._counts["claimed"] += len(started)
+        self._counts["not_claimed"] += len(by_id) - len(started)
+        return claimed, lease_s, sent_at
+
+    async def _claim_wanted(
+        self, fences: dict[int, Fence], wanted: list[Execution]
+    ) -> tuple[list[Execution], float, float]:
+        """Claim ``wanted`` under ``fences``, leaving out the partitions found lost."""
         claimed: list[Execution] = []
         lease_s = 0.0
         sent_at = self._clock.monotonic()
@@ -371,13 +400,6 @@ class Dispatcher:
                 lost = set(exc.partitions)
                 fences = {p: f for p, f in fences.items() if p not in lost}
                 wanted = [e for e in wanted if (e.partition_id or 0) not in lost]
-        started = {execution.execution_id for execution in claimed}
-        for execution_id, execution in by_id.items():
-            if execution_id not in started:
-                self._limits.finished(execution.tenant_id, execution.task_type)
-                self.overlap.started_done(execution.schedule_id)
-        self._counts["claimed"] += len(started)
-        self._counts["not_claimed"] += len(by_id) - len(started)
         return claimed, lease_s, sent_at
 
     async def _claim_once(self, params: ExecutionsClaim) -> tuple[list[Execution], float]:

@@ -12,11 +12,17 @@ Each cycle (every ``ttl / 3``):
 2. **Expire locally** any lease whose trust window has passed (renewals failing because the
    database is unreachable): its planner was already cancelled by its deadline, *before*
    the database could consider the lease expired.
-3. **Rebalance** with :func:`~engine.core.ownership.plan_ownership`: hand back extras first
-   (drop locally, wait briefly for the planners to stop, release in the ledger, so the
-   joining node takes them at once), then acquire free or expired partitions up to the
-   fair share. A node of a standby region acquires nothing; after a region failover its
-   leases were revoked in the ledger, so its next renewal drops them (step 1).
+3. **Rebalance** with :func:`~engine.core.ownership.plan_ownership`: hand back extras first,
+   then acquire free or expired partitions up to the fair share. A hand-back first *drains*
+   the partition (:meth:`~engine.actors.partitions.PartitionTable.drain`): nothing more of
+   it is claimed, while its planner plans on and the attempts already claimed there finish
+   and their completions are written under the still-valid fence -- for at most
+   :data:`HAND_BACK_DRAIN_S`, and never past the lease's trust window. Then it drops the
+   partition locally, waits briefly for the planner to stop, and releases the lease, so the
+   joining node takes it at once. Without the drain, those completions would be refused and
+   the attempts run a second time after their attempt lease. A node of a standby region
+   acquires nothing; after a region failover its leases were revoked in the ledger, so its
+   next renewal drops them (step 1).
 
 A database outage never crashes the keeper: calls raise ``LedgerUnavailable``, the cycle is
 cut short, and trust windows run out on their own -- the node steps down and retries.
@@ -49,7 +55,12 @@ from engine.metrics import LEASE_LOST_EXPIRED, LEASE_LOST_REFUSED, NodeMetrics
 log = logging.getLogger("carillon.leases")
 
 PLANNER_STOP_WAIT_S: Final = 2.0
-"""How long a graceful hand-back waits for the partition's planner to stop."""
+"""How long a hand-back waits for the partition's planner to stop."""
+HAND_BACK_DRAIN_S: Final = 5.0
+"""How long a hand-back waits for the attempts in flight in the partition to settle. One still
+running then completes after the release: its completion is refused, and the new owner runs
+it again once its attempt lease has run out (the at-least-once path). Short, because the
+joining node waits for the partition meanwhile."""
 SHORT_OF_SHARE_INTERVAL_S: Final = 0.5
 """Cycle period while this node holds less than its fair share: partitions another node hands
 back are taken within about half a second, so a rebalance leaves no planning gap."""
@@ -200,11 +211,27 @@ class LeaseKeeper:
                 )
 
     async def _hand_back(self, partition_ids: list[int]) -> None:
-        dropped = [owned for p in partition_ids if (owned := self._table.drop(p)) is not None]
+        drained = [owned for p in partition_ids if (owned := self._table.drain(p)) is not None]
+        if not drained:
+            return
+        ids = [owned.fence.partition_id for owned in drained]
+        trusted_until = min(owned.trusted_until for owned in drained)
+        with trio.move_on_at(min(self._clock.monotonic() + HAND_BACK_DRAIN_S, trusted_until)):
+            await self._table.wait_settled(ids)
+        unsettled = sum(self._table.attempts_in_flight(p) for p in ids)
+        if unsettled:
+            log.warning(
+                "handing back partitions %s with %d attempts still in flight: they run again "
+                "once their attempt leases run out",
+                ids,
+                unsettled,
+            )
+        # Lost meanwhile (a refused renewal of another actor's write): already dropped.
+        dropped = [owned for p in ids if (owned := self._table.drop(p)) is not None]
         with trio.move_on_after(PLANNER_STOP_WAIT_S):
             for owned in dropped:
                 await owned.stopped.wait()
         released = await self._ledger.leases_release(LeasesRelease([o.fence for o in dropped]))
         self._counts["released"] += released
         self._metrics.lease_released(released)
-        log.info("handed back partitions %s", partition_ids)
+        log.info("handed back partitions %s", ids)

@@ -6,11 +6,19 @@ TTL minus a safety margin. Expiry itself is judged by the database's clock, but 
 only know its own clock, so it stops acting strictly before the database could have handed
 the partition to someone else (River's trust window). A planner runs inside a cancel scope
 whose deadline is that instant; every successful renewal moves the deadline on.
+
+**A partition is drained before it is handed back.** While *draining* it is still owned --
+its lease is renewed, its planner plans on, and the attempts this node already claimed there
+are renewed and completed under its fence -- but nothing more of it is fetched or claimed.
+Released at once instead, those completions would be refused by the fence and the attempts
+run again after their attempt lease: a duplicate side effect and a minute's delay. The table
+counts the attempts in flight per partition (being claimed, or claimed and not yet settled)
+so the lease keeper can wait for them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import trio
@@ -27,6 +35,8 @@ class OwnedPartition:
     """The cancel scope of the partition's planner while one runs."""
     stopped: trio.Event = field(default_factory=trio.Event)
     """Set once no planner runs for this partition any more (after it was dropped)."""
+    draining: bool = False
+    """Being handed back: nothing more of it is fetched or claimed here."""
 
     def extend(self, trusted_until: float) -> None:
         self.trusted_until = trusted_until
@@ -40,6 +50,8 @@ class PartitionTable:
     def __init__(self) -> None:
         self._owned: dict[int, OwnedPartition] = {}
         self._changed = trio.Event()
+        self._inflight: dict[int, int] = {}
+        self._settled = trio.Event()
 
     def __contains__(self, partition_id: object) -> bool:
         return partition_id in self._owned
@@ -52,6 +64,10 @@ class PartitionTable:
 
     def get(self, partition_id: int) -> OwnedPartition | None:
         return self._owned.get(partition_id)
+
+    def claimable(self) -> list[int]:
+        """The owned partitions whose executions this node may fetch and claim (not draining)."""
+        return [p for p in sorted(self._owned) if not self._owned[p].draining]
 
     def fences(self) -> list[Fence]:
         return [self._owned[p].fence for p in sorted(self._owned)]
@@ -70,6 +86,47 @@ class PartitionTable:
                 owned.stopped.set()
             self._notify()
         return owned
+
+    def drain(self, partition_id: int) -> OwnedPartition | None:
+        """Stop fetching and claiming in ``partition_id``, keeping it otherwise (see the
+        module docstring); :meth:`drop` ends the drain."""
+        owned = self._owned.get(partition_id)
+        if owned is not None:
+            owned.draining = True
+        return owned
+
+    # -- attempts in flight ---------------------------------------------------------------
+
+    def attempts_started(self, partition_id: int, count: int = 1) -> None:
+        """``count`` attempts of ``partition_id`` are being claimed by this node."""
+        self._inflight[partition_id] = self._inflight.get(partition_id, 0) + count
+
+    def attempts_settled(self, partition_id: int, count: int = 1) -> None:
+        """``count`` of them settled: not claimed after all, given up, or their completion
+        was written (or refused)."""
+        left = self._inflight.get(partition_id, 0) - count
+        if left > 0:
+            self._inflight[partition_id] = left
+            return
+        self._inflight.pop(partition_id, None)
+        self._settled.set()
+        self._settled = trio.Event()
+
+    def attempts_settled_each(self, partition_ids: Iterable[int]) -> None:
+        """One attempt settled per item of ``partition_ids``."""
+        counts: dict[int, int] = {}
+        for partition_id in partition_ids:
+            counts[partition_id] = counts.get(partition_id, 0) + 1
+        for partition_id, count in counts.items():
+            self.attempts_settled(partition_id, count)
+
+    def attempts_in_flight(self, partition_id: int) -> int:
+        return self._inflight.get(partition_id, 0)
+
+    async def wait_settled(self, partition_ids: list[int]) -> None:
+        """Block until no attempt of ``partition_ids`` is in flight on this node."""
+        while any(p in self._inflight for p in partition_ids):
+            await self._settled.wait()
 
     async def wait_changed(self) -> None:
         """Block until the set of owned partitions changes."""

@@ -318,22 +318,27 @@ class WorkerPool:
         async for work in self._receive:
             key = (work.execution.execution_id, work.execution.attempt)
             held = self._held.get(key)
+            completed = False
             try:
                 if held is None or held.abandoned:
                     continue  # given up while it waited: it never starts
                 self._busy += 1
                 started = self._clock.monotonic()
                 try:
-                    await self._execute(work, held)
+                    completed = await self._execute(work, held)
                 finally:
                     self._busy -= 1
                     duration_s = self._clock.monotonic() - started
                     self._duration_s += DURATION_SMOOTHING * (duration_s - self._duration_s)
             finally:
                 self._held.pop(key, None)
+                if not completed:  # else in flight until the completion writer settles it
+                    self._table.attempts_settled(work.partition_id)
                 self._on_finished(work.execution)
 
-    async def _execute(self, work: Work, held: _Held) -> None:
+    async def _execute(self, work: Work, held: _Held) -> bool:
+        """Run one attempt; whether its completion went to the completion writer (an
+        abandoned attempt writes none)."""
         execution = work.execution
         policy = _SETUP_FAILED_POLICY
         run_started: float | None = None
@@ -365,11 +370,11 @@ class WorkerPool:
                 payload={} if schedule is None else schedule.payload,
             )
             if held.abandoned:
-                return  # taken away while its context was prepared
+                return False  # taken away while its context was prepared
             run_started = self._clock.monotonic()
             if run_started - held.renewed_at >= work.attempt_lease_s * ATTEMPT_START_WITHIN:
                 self._abandon(held, "its attempt lease may have run out before it could start")
-                return
+                return False
             timeout_s = kind.task_type.timeout_s
             delay = self._monitor.now() - execution.planned_at
             self._metrics.execution_started(execution, delay.total_seconds())
@@ -381,7 +386,7 @@ class WorkerPool:
                 result = await kind.handler.run(context)
             if held.scope.cancelled_caught:
                 if held.abandoned:
-                    return  # no completion: the attempt that replaced it counts
+                    return False  # no completion: the attempt that replaced it counts
                 result = HandlerResult.transient(
                     "timeout", f"the handler did not return within {timeout_s:g} s"
                 )
@@ -415,6 +420,7 @@ class WorkerPool:
                 result.error_message,
             ),
         )
+        return True
 
     async def _read(self, call: Callable[[], Awaitable[T]]) -> T:
         return await retry_unavailable(call, rng=self._rng, log=log, what="prepare an execution")

@@ -68,11 +68,16 @@ class ApiServer:
                     task_status.started(self.bound)
             nursery.cancel_scope.cancel()
 
+    def mark_stopping(self) -> None:
+        """Answer ``/readyz`` with 503 from now on, still serving every request: the node is
+        about to stop (it drains first; this actor's own stop follows)."""
+        self.context.stopping = True
+
     async def _stop_when_cancelled(self, stop: trio.Event, drain: trio.CancelScope) -> None:
         try:
             await trio.sleep_forever()
         finally:
-            self.context.stopping = True
+            self.mark_stopping()
             drain.deadline = trio.current_time() + self.config.shutdown_grace_s + 1.0
             stop.set()
 

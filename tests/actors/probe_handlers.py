@@ -16,11 +16,14 @@ RUNNING: Counter[str] = Counter()
 PEAK: Counter[str] = Counter()
 """The most running at once, keyed ``type:<task type>`` and ``tenant:<tenant>``."""
 RUN_S = 1.0
+RUNS: Counter[str] = Counter()
+"""How many times each execution id started."""
 
 
 def reset(run_s: float = 1.0) -> None:
     global RUN_S
     STARTS.clear()
+    RUNS.clear()
     RUNNING.clear()
     PEAK.clear()
     RUN_S = run_s
@@ -29,6 +32,7 @@ def reset(run_s: float = 1.0) -> None:
 async def probe(context: ExecutionContext) -> None:
     keys = (f"type:{context.task_type}", f"tenant:{context.tenant_id}")
     STARTS.append((trio.current_time(), context.tenant_id, context.task_type))
+    RUNS[context.execution_id] += 1
     for key in keys:
         RUNNING[key] += 1
         PEAK[key] = max(PEAK[key], RUNNING[key])

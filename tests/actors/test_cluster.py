@@ -10,7 +10,10 @@ import pytest
 import trio
 import trio.testing
 
-from engine.model import CatchUpPolicy, ExecutionStatus
+from engine.actors.lease_keeper import HAND_BACK_DRAIN_S
+from engine.ledger.base import TaskTypesPut
+from engine.model import CatchUpPolicy, ExecutionStatus, HandlerKind, TaskType
+from tests.actors import probe_handlers
 from tests.actors.harness import (
     START,
     all_executions,
@@ -322,3 +325,119 @@ async def test_a_survivor_starts_a_crashed_nodes_queued_executions_once_it_owns_
         assert execution.started_at is not None
         assert execution.partition_id is not None
         assert execution.started_at - taken_at[execution.partition_id] < timedelta(seconds=1)
+
+
+async def test_partitions_handed_to_a_joining_node_mid_burst_run_each_attempt_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A rebalance while attempts run: the partitions handed back are drained first -- the
+    attempts already claimed there finish and are completed under the old fence -- so none
+    is refused, left to its attempt lease, and run a second time."""
+    probe_handlers.reset(run_s=2.0)
+    probe = TaskType(
+        name="probe",
+        kind=HandlerKind.PYTHON,
+        settings={"callable": "tests.actors.probe_handlers:probe"},
+    )
+    schedules = [
+        msgspec.structs.replace(s, task_type="probe")
+        for s in make_schedules(600, START, lambda n: ("* * * * *", "UTC"))
+    ]
+    fire = START.replace(second=0) + timedelta(minutes=2)
+    async with cluster(workers=32) as c:
+        await c.ledger.task_types_put(TaskTypesPut(probe))
+        await create(c.ledger, schedules)
+        await c.start_node("n1")
+        await c.start_node("n2")
+        # 600 runs of 2 s on 64 workers: the burst keeps every worker busy for ~20 s.
+        await trio.sleep((fire - c.db_clock.now()).total_seconds() + 1)
+        assert probe_handlers.RUNNING["type:probe"] > 0
+        await c.start_node("n3")
+        await trio.sleep(30)
+        assert sorted(len(p) for p in c.owners().values()) == [5, 5, 6]
+        released = c.nodes["n1"].node.lease_keeper.statistics().released
+        released += c.nodes["n2"].node.lease_keeper.statistics().released
+        assert released > 0, "the join should have moved partitions during the burst"
+        await trio.sleep(120)
+    executions = within(await all_executions(c.ledger), fire - timedelta(minutes=2), fire)
+    assert len(executions) == 2 * 600
+    assert all(e.status is ExecutionStatus.SUCCEEDED for e in executions)
+    assert [e.execution_id for e in executions if e.attempt != 1] == []
+    assert max(probe_handlers.RUNS.values()) == 1
+
+
+async def test_a_hand_back_waits_for_running_attempts_at_most_its_drain_bound(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Handlers far longer than the drain bound: the joining node still gets its partitions
+    within the bound (plus a lease cycle), and the attempts cut off by the hand-back run
+    again under the same execution id once their attempt lease runs out."""
+    probe_handlers.reset(run_s=40.0)
+    probe = TaskType(
+        name="probe",
+        kind=HandlerKind.PYTHON,
+        settings={"callable": "tests.actors.probe_handlers:probe", "timeout_s": 120},
+        timeout_s=120,
+    )
+    schedules = [
+        msgspec.structs.replace(s, task_type="probe")
+        for s in make_schedules(60, START, lambda n: ("0 * * * *", "UTC"))
+    ]
+    fire = START.replace(minute=0, second=0) + timedelta(hours=1)
+    async with cluster(workers=64) as c:
+        await c.ledger.task_types_put(TaskTypesPut(probe))
+        await create(c.ledger, schedules)
+        await c.start_node("n1")
+        await trio.sleep((fire - c.db_clock.now()).total_seconds() + 1)
+        assert probe_handlers.RUNNING["type:probe"] == 60
+        await c.start_node("n2")
+        # n1's membership view has n2 within a heartbeat interval (TTL/3 = 5 s), its next
+        # lease cycle (5 s) hands back: it drains for at most the bound, releases, and n2
+        # takes them within its next half-second cycle -- long before the 40 s handlers end.
+        await trio.sleep(2 * 15 / 3 + HAND_BACK_DRAIN_S + 2 + 1)
+        assert sorted(len(p) for p in c.owners().values()) == [8, 8]
+        assert probe_handlers.RUNNING["type:probe"] == 60
+        await trio.sleep(300)
+    executions = within(await all_executions(c.ledger), fire - timedelta(minutes=1), fire)
+    assert len(executions) == 60
+    assert all(e.status is ExecutionStatus.SUCCEEDED for e in executions)
+    rerun = {e.execution_id for e in executions if e.attempt > 1}
+    assert rerun, "attempts cut off by the hand-back should have run again"
+    assert rerun == {eid for eid, runs in probe_handlers.RUNS.items() if runs > 1}
+
+
+async def test_a_node_shutting_down_mid_burst_lets_its_running_attempts_finish_first(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """SIGTERM during a burst (a deploy): the node claims nothing more, its workers finish
+    the attempts already claimed and their completions are written, and only then does it
+    stop and release its leases -- no attempt is cut off to run again elsewhere."""
+    probe_handlers.reset(run_s=2.0)
+    probe = TaskType(
+        name="probe",
+        kind=HandlerKind.PYTHON,
+        settings={"callable": "tests.actors.probe_handlers:probe"},
+    )
+    schedules = [
+        msgspec.structs.replace(s, task_type="probe")
+        for s in make_schedules(600, START, lambda n: ("0 * * * *", "UTC"))
+    ]
+    fire = START.replace(minute=0, second=0) + timedelta(hours=1)
+    async with cluster(workers=32) as c:
+        await c.ledger.task_types_put(TaskTypesPut(probe))
+        await create(c.ledger, schedules)
+        await c.start_node("n1")
+        await c.start_node("n2")
+        await trio.sleep((fire - c.db_clock.now()).total_seconds() + 1)
+        leaving = c.nodes["n1"]
+        assert leaving.node.workers.statistics().busy > 0
+        leaving.scope.cancel()  # SIGTERM: graceful shutdown
+        await trio.sleep(10)
+        assert set(c.nodes["n2"].node.table) == set(range(16))
+        del c.nodes["n1"]
+        await trio.sleep(120)
+    executions = within(await all_executions(c.ledger), fire - timedelta(minutes=1), fire)
+    assert len(executions) == 600
+    assert all(e.status is ExecutionStatus.SUCCEEDED for e in executions)
+    assert [e.execution_id for e in executions if e.attempt != 1] == []
+    assert max(probe_handlers.RUNS.values()) == 1

@@ -115,7 +115,10 @@ async def test_after_a_takeover_a_run_left_by_the_crashed_owner_still_blocks_ski
         await c.ledger.task_types_put(TaskTypesPut(SLOW))
         await c.ledger.schedules_create(SchedulesCreate([every_minute("reports", None)]))
         victim = await c.start_node("n1")
-        await trio.sleep(90)  # the 00:01 fire is running on n1
+        # The 00:01 fire is running on n1. The crash falls between two renewals of its
+        # attempt lease (claimed at 00:01, renewed every 20 s): a renewal sent at the very
+        # instant of the crash may still land, as a real request in flight would.
+        await trio.sleep(85)
         victim.ledger.crashed = True
         victim.scope.cancel()
         await c.start_node("n2")
