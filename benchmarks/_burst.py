@@ -93,15 +93,17 @@ def fresh_database(server_url: str, prefix: str) -> tuple[str, str]:
     return name, url_with_database(server_url, name)
 
 
-async def create_schedules(url: str, n: int, weights: Mapping[str, int] | None = None) -> datetime:
+async def create_schedules(
+    url: str, n: int, weights: Mapping[str, int] | None = None, settle_s: float = 0.0
+) -> datetime:
     """Migrate, store the task type, the tenants' ``weights`` (when given) and N schedules
-    due at one instant T; returns T."""
+    due at one instant T, ``settle_s`` later than one node needs; returns T."""
     await migrate_database(url, partitions=PARTITIONS_DEFAULT)
     async with open_postgres_ledger(url) as ledger:
         now = await ledger.database_now()
         # Creating runs at ~10k rows/s here, loading at ~60k/s, and the node plans a burst
         # N / 10k s ahead of its instant (burst_plan_rate_per_s), plus the 5 s lookahead.
-        lead = timedelta(seconds=8 + n / 5_000 + n / 10_000)
+        lead = timedelta(seconds=8 + n / 5_000 + n / 10_000 + settle_s)
         burst_at = (now + lead).replace(microsecond=0)
         expr = f"{burst_at.second} {burst_at.minute} {burst_at.hour} * * *"
         await ledger.task_types_put(TaskTypesPut(TaskType(name="noop", kind=HandlerKind.NOOP)))

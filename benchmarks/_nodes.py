@@ -33,6 +33,7 @@ from benchmarks._burst import (
 )
 
 STOP_TIMEOUT_S: Final = 20.0
+
 BALANCE_POLL_S: Final = 0.2
 LEASES: Final = "SELECT partition_id, owner_id, expires_at > now() AS live FROM partition_leases"
 
@@ -103,23 +104,33 @@ async def _balanced_before(url: str, k: int, burst_at: datetime) -> bool:
 
 
 def carillon_burst(
-    server_url: str, n: int, k: int, timeout_s: float, logs: Path, *, prefix: str
+    server_url: str,
+    n: int,
+    k: int,
+    timeout_s: float,
+    logs: Path,
+    *,
+    prefix: str,
+    settle_s: float = 0.0,
 ) -> dict[str, Any]:
     """The burst of N on K ``carillon run`` processes (default settings) sharing a fresh
-    database: schedules first, then the nodes, which share the partitions before T. Returns
-    ``ledger_figures`` plus ``setup_s`` (creating the schedules), ``setup_lead_s`` (T - the
-    end of that), ``balanced`` (shared by T) and ``rss_mb`` (each process's peak RSS)."""
+    database: schedules first, then the nodes, which share the partitions before T (set
+    ``settle_s`` later than one node needs). Returns ``ledger_figures`` plus
+    ``setup_s`` (creating the schedules), ``setup_lead_s`` (T - the end of that),
+    ``balanced`` (shared by T), ``balanced_lead_s`` (T - when they were; negative when not by
+    T) and ``rss_mb`` (each process's peak RSS)."""
     name, url = fresh_database(server_url, prefix)
     processes: list[subprocess.Popen[bytes]] = []
     try:
         started = time.perf_counter()
-        burst_at = trio.run(create_schedules, url, n)
+        burst_at = trio.run(create_schedules, url, n, None, settle_s)
         result: dict[str, Any] = {
             "setup_s": time.perf_counter() - started,
             "setup_lead_s": (burst_at - datetime.now(UTC)).total_seconds(),
         }
         processes = start_nodes(url, k, logs, name=f"carillon-{k}")
         result["balanced"] = uvloop.run(_balanced_before(url, k, burst_at))
+        result["balanced_lead_s"] = (burst_at - datetime.now(UTC)).total_seconds()
         poll_until_succeeded(url, n, burst_at, timeout_s)
         result["rss_mb"] = [peak_rss_mb(process.pid) for process in processes]
         stop_nodes(processes)
