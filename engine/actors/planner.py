@@ -222,6 +222,7 @@ class Planner:
         advances: list[ScheduleAdvance] = []
         pushes: list[tuple[str, datetime]] = []
         handled = 0
+        on_time_from = now - timedelta(seconds=self.config.catchup_grace_s)
         for at, ids in due:
             for index, schedule_id in enumerate(ids):
                 if len(executions) >= self.config.batch_max:
@@ -229,7 +230,7 @@ class Planner:
                         self._heap.push(rest, at)
                     break
                 entry = self._entries[schedule_id]
-                next_at = self._resolve(entry, at, now, executions)
+                next_at = self._resolve(entry, at, now, on_time_from, executions)
                 advances.append(ScheduleAdvance(schedule_id, next_at, entry.version))
                 pushes.append((schedule_id, next_at))
                 handled += 1
@@ -291,11 +292,17 @@ class Planner:
             self._bulk_skips = 0
 
     def _resolve(
-        self, entry: _Entry, at: datetime, now: datetime, executions: list[PlannedExecution]
+        self,
+        entry: _Entry,
+        at: datetime,
+        now: datetime,
+        on_time_from: datetime,
+        executions: list[PlannedExecution],
     ) -> datetime:
-        """Add the executions for ``entry``'s fire at ``at``; return its next fire."""
+        """Add the executions for ``entry``'s fire at ``at``; return its next fire. A fire at
+        or after ``on_time_from`` (``now`` less the catch-up grace) is planned as it is."""
         schedule = entry
-        if at >= now - timedelta(seconds=self.config.catchup_grace_s):
+        if at >= on_time_from:
             executions.append(
                 PlannedExecution(schedule.schedule_id, schedule.tenant_id, schedule.task_type, at)
             )

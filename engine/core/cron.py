@@ -19,6 +19,7 @@ and that fires at least once in any ten-year window; its ``expression`` contains
 from __future__ import annotations
 
 import functools
+import math
 import re
 from datetime import datetime
 from typing import Final, NoReturn
@@ -34,6 +35,9 @@ _HashItem = tuple[int, int, int | None] | frozenset[int]
 
 MAX_EXPRESSION_LENGTH: Final = 256
 PARSE_CACHE_ENTRIES: Final = 8192
+RESOLVED_CACHE_ENTRIES: Final = 16_384
+"""Resolved ``H`` expressions remembered by (expression, residues); least recently used goes.
+A million schedules over a few ``H`` templates resolve to a few thousand distinct ones."""
 NEVER_FIRES_HORIZON_YEARS: Final = 10
 """Leap days repeat at most every 8 years, so any expression that fires does so within 10."""
 
@@ -105,22 +109,39 @@ def resolve_hash(source: str, hash_key: str | None) -> str:
     :class:`InvalidCronExpression` for an ``H`` it cannot place or a missing ``hash_key``."""
     if not uses_hash(source):
         return source
-    fields, hashed = _hash_template(source)
+    _, hashed = _hash_template(source)  # a malformed H is refused before a missing key
     if hash_key is None:
         raise InvalidCronExpression(
             f"{source!r} uses H, which is derived from the schedule id; give the schedule id"
         )
+    # Only the seed's residue modulo the field's period reaches _apply_hash, so the resolved
+    # text is shared by every schedule with the same residues: build it once per residues.
+    if len(hashed) == 1:  # the common case, without building a list
+        _, name, _, period = hashed[0]
+        return _resolve_residues(source, stable_hash(f"{hash_key}/{name}") % period)
+    return _resolve_residues(
+        source, *[stable_hash(f"{hash_key}/{name}") % period for _, name, _, period in hashed]
+    )
+
+
+@functools.lru_cache(maxsize=RESOLVED_CACHE_ENTRIES)
+def _resolve_residues(source: str, *residues: int) -> str:
+    """``source`` (an ``H`` expression) with each ``H`` field replaced by the numbers of its
+    residue; one shared string per (source, residues), so the timetable cache hashes it once."""
+    fields, hashed = _hash_template(source)
     resolved = list(fields)
-    for index, name, items in hashed:
-        resolved[index] = _apply_hash(items, stable_hash(f"{hash_key}/{name}"))
+    for (index, _, items, _), residue in zip(hashed, residues, strict=True):
+        resolved[index] = _apply_hash(items, residue)
     return " ".join(resolved)
 
 
 @functools.lru_cache(maxsize=PARSE_CACHE_ENTRIES)
 def _hash_template(
     source: str,
-) -> tuple[list[str], list[tuple[int, str, tuple[_HashItem, ...]]]]:
-    """The fields of an ``H`` expression and, for each ``H`` field, its parsed items.
+) -> tuple[list[str], list[tuple[int, str, tuple[_HashItem, ...], int]]]:
+    """The fields of an ``H`` expression and, for each ``H`` field, its parsed items and its
+    *period*: the least common multiple of the moduli :func:`_apply_hash` reduces the seed by,
+    so that ``_apply_hash(items, seed % period) == _apply_hash(items, seed)``.
 
     Parsed once per expression; per schedule only the hash and the arithmetic remain.
     """
@@ -134,8 +155,20 @@ def _hash_template(
                 f"the {name} field {field!r} uses H, which is supported only in the second, "
                 "minute and hour fields"
             )
-        hashed.append((index, name, _hash_items(name, field, source)))
+        items = _hash_items(name, field, source)
+        hashed.append((index, name, items, _period(items)))
     return fields, hashed
+
+
+def _period(items: tuple[_HashItem, ...]) -> int:
+    """The least common multiple of the moduli :func:`_apply_hash` applies to the seed."""
+    moduli = []
+    for item in items:
+        if isinstance(item, tuple):
+            first, last, step = item
+            width = last - first + 1
+            moduli.append(width if step is None else min(step, width))
+    return math.lcm(*moduli)
 
 
 def _apply_hash(items: tuple[_HashItem, ...], seed: int) -> str:

@@ -7,12 +7,18 @@ nodes have to agree on (partition ownership, the ``H`` token of a cron expressio
 from __future__ import annotations
 
 import hashlib
+from typing import Final
+
+_BLAKE2B_64: Final = hashlib.blake2b(digest_size=8)
+"""An empty 8-byte BLAKE2b state: copying it is cheaper than building one with parameters,
+which matters when a load hashes a million schedule ids."""
 
 
 def stable_hash(text: str) -> int:
     """A 64-bit unsigned hash of ``text`` (BLAKE2b), identical everywhere."""
-    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "big")
+    state = _BLAKE2B_64.copy()
+    state.update(text.encode("utf-8"))
+    return int.from_bytes(state.digest(), "big")
 
 
 def partition_of(schedule_id: str, partition_count: int) -> int:

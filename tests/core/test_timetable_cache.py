@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.core import cron
 from engine.core.cron import resolve_hash
+from engine.core.hashing import stable_hash
 from engine.core.timetable import TimetableCache
 from engine.errors import ValidationError
 
@@ -52,3 +57,50 @@ def test_bad_expressions_and_zones_are_still_refused_on_a_miss() -> None:
         cache.get("61 * * * *")
     with pytest.raises(ValidationError):
         cache.get("* * * * *", "Mars/Olympus_Mons")
+
+
+# -- the memoised H resolution gives what resolving each schedule from scratch gives --------
+
+_H_FORMS = st.sampled_from(["H", "H/5", "H/7", "H(0-29)", "H(3-17)/4", "H,30", "H(10-12)/1"])
+
+
+def _resolve_from_scratch(source: str, hash_key: str) -> str:
+    """The unmemoised path: every ``H`` field from the schedule's full 64-bit hash."""
+    fields, hashed = cron._hash_template(source)
+    resolved = list(fields)
+    for index, name, items, _ in hashed:
+        seed = int.from_bytes(
+            hashlib.blake2b(f"{hash_key}/{name}".encode(), digest_size=8).digest(), "big"
+        )
+        resolved[index] = cron._apply_hash(items, seed)
+    return " ".join(resolved)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    minute=_H_FORMS,
+    hour=st.sampled_from(["*", "H", "H(8-18)", "H/6", "9"]),
+    seconds=st.sampled_from([None, "H", "H/20", "0"]),
+    key=st.text(min_size=1, max_size=20),
+)
+def test_memoised_h_resolution_matches_resolving_from_scratch(
+    minute: str, hour: str, seconds: str | None, key: str
+) -> None:
+    source = f"{minute} {hour} * * MON-FRI"
+    if seconds is not None:
+        source = f"{seconds} {source}"
+    expected = _resolve_from_scratch(source, key)
+    assert resolve_hash(source, key) == expected
+    assert resolve_hash(source, key) == expected  # a memo hit too
+    assert TimetableCache().get(source, schedule_id=key).spec.expression == expected
+
+
+@given(st.text(max_size=40))
+def test_stable_hash_is_64_bit_blake2b(text: str) -> None:
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
+    assert stable_hash(text) == int.from_bytes(digest, "big")
+
+
+def test_schedules_with_equal_residues_share_the_resolved_expression_object() -> None:
+    resolved = [resolve_hash("H H * * *", f"sch-{n}") for n in range(3000)]
+    assert len({id(text) for text in resolved}) == len(set(resolved)) <= 24 * 60
