@@ -8,9 +8,17 @@ Three kinds of task share a :class:`~engine.core.fair_queue.FairQueue`:
   planned, workers announce retries; ``fetch_ahead_s`` early) and at least every
   ``fetch_interval_s``, it reads the startable executions of the owned partitions
   (``executions_due``, by the database-corrected clock) and queues those it does not hold
-  yet. Through a backlog it pages with a keyset cursor and fills the queue up to its bound
-  -- fairness can only weigh what has been fetched -- and no further: the rest of a backlog
-  stays in the ledger, not in memory. A page's schedules are read meanwhile by another task.
+  yet. Through a backlog it pages with a keyset cursor (the *pass*, every tenant in the
+  ledger's order) and fills the queue up to its bound -- fairness can only weigh what has
+  been fetched -- and no further: the rest of a backlog stays in the ledger, not in memory.
+  Filled in the ledger's order, the queue would hold the tenants by backlog, not by weight
+  (the heavy tenants' items run out while the light tenants' pile up), so each tenant gets a
+  share of the bound by weight (:mod:`~engine.core.queue_shares`): a tenant past its share
+  *spills* -- the pass leaves the rest of its work to reads of that tenant alone
+  (``executions_due`` with ``tenant_id``), made whenever its queued items fall a refill's
+  worth below its share, the emptiest tenant first. While every tenant of the pass has
+  spilled, the pass reads on only at the fallback interval or when new work is announced.
+  A page's schedules are read meanwhile by another task.
 * **dispatch** -- pops executions in weighted-fair order across tenants (never before their
   instant, never beyond a cap, quota or tenant rate), paced by an optional node-wide token
   bucket (a pacing tick's worth at a time), applies each schedule's overlap policy
@@ -48,6 +56,7 @@ from engine.clock import Clock
 from engine.config import ATTEMPT_LEASE_S_DEFAULT
 from engine.core.dispatch import ConcurrencyLimits
 from engine.core.fair_queue import FairQueue, PushOutcome
+from engine.core.queue_shares import Position, QueueShares
 from engine.core.token_bucket import TokenBucket
 from engine.errors import CarillonError, LeaseLost
 from engine.ledger.base import (
@@ -75,6 +84,9 @@ PACE_TICK_S: Final = 0.02
 per tick instead of one per start, which capped a paced node at a few hundred a second."""
 READ_AHEAD_PAGES: Final = 4
 """Fetched pages whose schedules wait to be read; a fetch beyond waits (backpressure)."""
+REFILLS_PER_FETCH: Final = 16
+"""Spilled tenants read on their own per fetch, the emptiest first; the others wait for the
+next fetch, which comes at once while any is wanted."""
 CLAIMERS: Final = 2
 """Claims in flight at once: the next batch is claimed while the previous one's round trip
 is still out."""
@@ -175,11 +187,17 @@ class Dispatcher:
         self._cursor: DueCursor | None = None
         self._restart_pass = False
         """Where the next fetch resumes while paging through a backlog."""
+        self._shares = QueueShares(self.queue)
+        """The tenants whose backlog runs on beyond their share of the queue, read apart."""
+        self._pass_closed_until = -math.inf
+        """A full page held only spilled tenants: read the pass on, until this monotonic
+        time, only when new work is announced."""
 
     def request_fetch(self, at: datetime) -> None:
         """Fetch in time for ``at`` (when something becomes startable then): ``fetch_ahead_s``
         before it, so it is queued, with its schedule read, when its instant comes."""
         at -= self._fetch_ahead
+        self._pass_closed_until = -math.inf  # the new work may be a tenant's not queued yet
         if self._fetch_at is None or at < self._fetch_at:
             self._fetch_at = at
             self._wake.set()
@@ -203,11 +221,18 @@ class Dispatcher:
         return self._task_types.get(name)
 
     def _wants_more(self) -> bool:
-        """Whether to fetch the next page at once: the ledger holds more startable work and
-        a page fits. The queue fills up to its bound, because fairness across tenants can
-        only weigh what has been fetched: a big tenant's thousands, fetched first, must not
-        keep a small tenant's few in the ledger."""
-        return self._backlog and self.queue.room - self.overlap.held >= PAGE_SIZE_MAX
+        """Whether to fetch at once: a spilled tenant's queued items ran a refill's worth
+        below its share, or the pass holds more startable work, it may be of tenants not
+        spilled, and a page fits. The queue fills up to its bound, because fairness across
+        tenants can only weigh what has been fetched: a big tenant's thousands, fetched
+        first, must not keep a small tenant's few in the ledger."""
+        room = self.queue.room - self.overlap.held
+        if room > 0 and self._shares.refills(1, PAGE_SIZE_MAX):
+            return True
+        return self._backlog and self._pass_open() and room >= PAGE_SIZE_MAX
+
+    def _pass_open(self) -> bool:
+        return self._clock.monotonic() >= self._pass_closed_until
 
     def _nudge(self) -> None:
         """Wake the dispatch loop: there may be work or room now."""
@@ -235,15 +260,44 @@ class Dispatcher:
         )
 
     async def fetch(self) -> int:
-        """Queue the startable executions of the owned partitions; returns how many were new."""
+        """Queue the startable executions of the owned partitions: the spilled tenants'
+        refills first, then a page of the pass while it is open; returns how many were new."""
         owned = self._table.claimable()  # not the draining ones: they are being handed back
-        room = self.queue.room - self.overlap.held  # held ones count against the bound too
-        if not owned or room <= 0:
+        if not owned:
+            # Nothing to read for: no refill or next page is wanted (the fetch loop would spin
+            # on them), and the pass finds the spills anew once partitions are owned again.
+            self._shares.clear()
+            self._backlog = False
+            return 0
+        if self.queue.room - self.overlap.held <= 0:
+            return 0
+        before = self._monitor.now() + self._fetch_ahead
+        added = 0
+        for refill in self._shares.refills(REFILLS_PER_FETCH, PAGE_SIZE_MAX):
+            room = self.queue.room - self.overlap.held  # held ones count against the bound too
+            if room <= 0:
+                break
+            limit = min(refill.limit, room)
+            after = None if refill.after is None else DueCursor(*refill.after)
+            due = await self._ledger.executions_due(
+                ExecutionsDue(owned, before, limit, after=after, tenant_id=refill.tenant_id)
+            )
+            last = _position(due_cursor(due[-1])) if due else refill.after
+            self._shares.refilled(refill.tenant_id, last, complete=len(due) < limit)
+            added += await self._queue_page([e for e in due if self._is_new(e)])
+        if self._pass_open():
+            added += await self._fetch_pass_page(owned, before)
+        return added
+
+    async def _fetch_pass_page(self, owned: list[int], before: datetime) -> int:
+        """The next page of the pass through every tenant's startable work, each tenant's
+        items queued up to its share of the queue (:meth:`QueueShares.sort`)."""
+        room = self.queue.room - self.overlap.held
+        if room <= 0:
             return 0
         limit = min(PAGE_SIZE_MAX, room)
-        due = await self._ledger.executions_due(
-            ExecutionsDue(owned, self._monitor.now() + self._fetch_ahead, limit, after=self._cursor)
-        )
+        after = self._cursor
+        due = await self._ledger.executions_due(ExecutionsDue(owned, before, limit, after=after))
         # A full page means more is startable now: fetch the next page as soon as the queue
         # runs low instead of waiting for the fallback interval, starting after this one (a
         # backlog is paged through once instead of re-reading what the queue holds already).
@@ -252,25 +306,43 @@ class Dispatcher:
         self._backlog = len(due) >= limit
         self._cursor = due_cursor(due[-1]) if self._backlog and not self._restart_pass else None
         self._restart_pass = False
-        added = sum(
-            1
-            for execution in due
-            if execution.execution_id not in self._dispatching
-            and not self.overlap.is_held(execution)
-            and self.queue.push(execution) is PushOutcome.QUEUED
+        page = self._shares.sort(
+            due,
+            [_position(due_cursor(execution)) for execution in due],
+            None if after is None else _position(after),
+            room=self.queue.room - self.overlap.held,
+            is_new=self._is_new,
         )
+        if self._backlog and not page.open:
+            # Every tenant of a full page has spilled: the pages after it are most likely
+            # theirs too, read by their refills. Read on at the fallback interval (a tenant
+            # behind them) or when new work is announced, not at every wake.
+            self._pass_closed_until = self._clock.monotonic() + self.config.fetch_interval_s
+        return await self._queue_page(page.queue)
+
+    def _is_new(self, execution: Execution) -> bool:
+        """Not queued, being started or held back already."""
+        return (
+            execution.execution_id not in self.queue
+            and execution.execution_id not in self._dispatching
+            and not self.overlap.is_held(execution)
+        )
+
+    async def _queue_page(self, executions: list[Execution]) -> int:
+        added = sum(1 for e in executions if self.queue.push(e) is PushOutcome.QUEUED)
         self._counts["fetches"] += 1
         if added:
             # Have their schedules read meanwhile, off the dispatch path (it needs their
             # overlap policy) and off this loop (the next page is fetched at the same time).
-            await self._to_read.send([execution.schedule_id for execution in due])
+            await self._to_read.send([execution.schedule_id for execution in executions])
             self._nudge()
         return added
 
     async def _watch_partitions(self) -> None:
         """A partition just taken over (its owner died, a rebalance) may hold startable work
         already: fetch at once instead of at the fallback interval, and from the start of
-        the order, since its executions may sort before the cursor of a pass in progress."""
+        the order, since its executions may sort before the cursor of a pass in progress
+        (and before where a spilled tenant's refills resume: the pass finds the spills anew)."""
         known = set(self._table)
         while True:
             await self._table.wait_changed()
@@ -278,6 +350,7 @@ class Dispatcher:
             if owned - known:
                 self._cursor = None
                 self._restart_pass = True  # a fetch in flight must not set its cursor
+                self._shares.clear()
                 self.request_fetch(self._monitor.now())
             known = owned
 
@@ -497,3 +570,7 @@ class Dispatcher:
                 wait_s = min(wait_s, max(token_s, 0.001))
         with trio.move_on_after(max(wait_s, 0.001) if math.isfinite(wait_s) else 1.0):
             await self._fetched.wait()
+
+
+def _position(cursor: DueCursor) -> Position:
+    return (cursor.startable_at, cursor.execution_id)

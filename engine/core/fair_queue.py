@@ -62,7 +62,7 @@ import enum
 import heapq
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import KeysView, Mapping
 from datetime import datetime, timedelta
 from typing import Final, Generic, TypeVar
 
@@ -259,6 +259,10 @@ class FairQueue(Generic[T]):
     def counts(self) -> dict[str, int]:
         """Items queued per tenant, in tenant id order."""
         return {tenant_id: self._tenants[tenant_id].queued for tenant_id in sorted(self._tenants)}
+
+    def tenant_ids(self) -> KeysView[str]:
+        """The tenants with items queued, in no set order (unsorted, for sums and unions)."""
+        return self._tenants.keys()
 
     def weight(self, tenant_id: str) -> int:
         return self._weights.get(tenant_id, WEIGHT_DEFAULT)

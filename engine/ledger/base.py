@@ -500,7 +500,7 @@ class Ledger(Protocol):
         """Executions of the partitions that may start by ``before``: ``queued`` with
         ``planned_at <= before``, or ``failed`` with ``not_before <= before``; ordered by
         the instant they may start (:func:`due_cursor`), then id, beginning after
-        ``after`` when given; at most ``limit``."""
+        ``after`` when given; only ``tenant_id``'s when given; at most ``limit``."""
         ...
 
     async def executions_claim(self, params: ExecutionsClaim) -> list[Execution]:

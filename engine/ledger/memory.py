@@ -430,7 +430,9 @@ class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
         after = params.after
         rows = []
         for execution in self._executions.open_in(params.partition_ids):
-            if not transitions.is_startable(execution, before):
+            if not transitions.is_startable(execution, before) or (
+                params.tenant_id is not None and execution.tenant_id != params.tenant_id
+            ):
                 continue
             cursor = due_cursor(execution)
             key = (cursor.startable_at, cursor.execution_id)

@@ -332,6 +332,9 @@ class ExecutionsDue(msgspec.Struct, frozen=True):
     limit: int = PAGE_SIZE_MAX
     after: DueCursor | None = None
     """Only executions after this position (keyset paging through a backlog)."""
+    tenant_id: str | None = None
+    """Only this tenant's executions (a dispatcher reading one tenant's backlog on its own,
+    to hold the tenants by weight)."""
 
 
 class ExecutionsClaim(msgspec.Struct, frozen=True):

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
 import trio
 
+from engine.actors.dispatcher import Dispatcher
 from engine.config import NodeConfig
 from engine.core.timetable import Timetable, TimetableCache
 from engine.errors import LeaseLost, LedgerUnavailable
@@ -114,6 +116,7 @@ class Cluster:
         skew_s: float = 0.0,
         slow: dict[str, float] | None = None,
         region: str | None = None,
+        dispatch_queue_max: int | None = None,
     ) -> SimNode:
         clock = SkewedClock(self.db_clock.now(), skew_s=skew_s)
         proxy = FaultyLedger(self.ledger)
@@ -131,6 +134,20 @@ class Cluster:
             settings["region"] = region
         config = NodeConfig(node_id=node_id, **settings)
         node = Node(config, proxy, clock, random.Random(node_id))  # type: ignore[arg-type]
+        if dispatch_queue_max is not None:
+            # A queue bound far below a test's backlog (the node's is 50,000): swapped in
+            # before the node starts, built from the node's own parts.
+            node.dispatcher = Dispatcher(
+                msgspec.structs.replace(node.dispatcher.config, queue_max=dispatch_queue_max),
+                proxy,  # type: ignore[arg-type]
+                clock,
+                node.clock_monitor,
+                node.table,
+                node.workers,
+                node.limits,
+                random.Random(node_id),
+                metrics=node.metrics,
+            )
         sim = SimNode(node, proxy, clock)
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -37,6 +37,7 @@ from engine.ledger.base import (
     ChangeKind,
     Completion,
     DeadLettersReplay,
+    DueCursor,
     ExecutionsBackfill,
     ExecutionsClaim,
     ExecutionsComplete,
@@ -69,6 +70,7 @@ from engine.ledger.base import (
     TenantsPut,
     TokensCreate,
     TokensRevoke,
+    due_cursor,
     encode_cursor,
 )
 from engine.ledger.params import plannable
@@ -78,6 +80,7 @@ from engine.model import (
     TENANT_SCHEDULES_MAX,
     ApiToken,
     CatchUpPolicy,
+    Execution,
     ExecutionStatus,
     HandlerKind,
     OverlapPolicy,
@@ -852,6 +855,45 @@ async def test_due_and_claim_never_start_early(backend: Backend) -> None:
         )
         == []
     )
+
+
+async def test_due_pages_one_tenants_backlog_after_a_cursor_in_due_order(
+    backend: Backend,
+) -> None:
+    sids = ids_in_partition(3, 9)
+    tenants = ["acme", "beta", "gamma"]
+    await backend.ledger.schedules_create(
+        SchedulesCreate([schedule(s, tenant_id=tenants[n % 3]) for n, s in enumerate(sids)])
+    )
+    fence = await own(backend, 3)
+    now = (await backend.ledger.database_now()).replace(microsecond=0)
+    early, late = now - timedelta(seconds=2), now - timedelta(seconds=1)
+    await planned(backend, fence, sids[:6], early)
+    await planned(backend, fence, sids[6:], late)
+    everything = await backend.ledger.executions_due(ExecutionsDue([3], now))
+    betas = [e for e in everything if e.tenant_id == "beta"]
+    assert [e.execution_id for e in betas] == [
+        *sorted(execution_id(s, early) for s in sids[1:6:3]),
+        execution_id(sids[7], late),
+    ]
+
+    def beta_due(after: DueCursor | None, limit: int) -> Awaitable[list[Execution]]:
+        return backend.ledger.executions_due(
+            ExecutionsDue([3], now, limit, after=after, tenant_id="beta")
+        )
+
+    # Only beta's, in due order, paged after a cursor that may be another tenant's.
+    assert await beta_due(None, 10) == betas
+    assert await beta_due(None, 1) == betas[:1]
+    for execution in everything:
+        position = due_cursor(execution)
+        key = (position.startable_at, position.execution_id)
+        assert await beta_due(position, 10) == [
+            b for b in betas if (due_cursor(b).startable_at, b.execution_id) > key
+        ]
+    assert await backend.ledger.executions_due(ExecutionsDue([3], now, tenant_id="nobody")) == []
+    other_partition = ExecutionsDue([4], now, tenant_id="beta")
+    assert await backend.ledger.executions_due(other_partition) == []
 
 
 async def test_only_the_current_attempt_completes(backend: Backend) -> None:

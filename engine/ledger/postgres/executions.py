@@ -161,15 +161,13 @@ async def executions_due(store: Store, params: ExecutionsDue) -> list[Execution]
     if params.after is not None:
         after_at = aware(params.after.startable_at, field="after.startable_at")
         after_id = params.after.execution_id
+    arguments: list[object] = [unique(params.partition_ids), before, limit, after_at, after_id]
+    statement = sql_executions.EXECUTIONS_DUE
+    if params.tenant_id is not None:
+        statement = sql_executions.EXECUTIONS_DUE_TENANT
+        arguments.append(params.tenant_id)
     async with store.connection() as connection:
-        rows = await connection.fetch(
-            sql_executions.EXECUTIONS_DUE,
-            unique(params.partition_ids),
-            before,
-            limit,
-            after_at,
-            after_id,
-        )
+        rows = await connection.fetch(statement, *arguments)
     return [execution_from_columns(row) for row in rows]
 
 

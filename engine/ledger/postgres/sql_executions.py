@@ -26,6 +26,19 @@ ORDER BY startable_at, execution_id
 LIMIT $3
 """
 
+EXECUTIONS_DUE_TENANT: Final = f"""
+SELECT {EXECUTION_COLUMNS} FROM executions
+WHERE tenant_id = $6
+  AND partition_id = ANY($1::integer[])
+  AND status IN ('queued', 'failed')
+  AND startable_at <= $2
+  AND (startable_at, execution_id) > ($4::timestamptz, $5::text)
+ORDER BY startable_at, execution_id
+LIMIT $3
+"""
+"""``EXECUTIONS_DUE`` for one tenant: a range scan of executions_tenant_startable_idx
+(migrations/0005_due_by_tenant.sql) instead of reading past every other tenant's backlog."""
+
 _CLAIM_UPDATE: Final = """
 UPDATE executions AS e
 SET status = 'running', attempt = e.attempt + 1, started_at = now(), finished_at = NULL,
