@@ -32,6 +32,7 @@ from typing import Any, Final
 import asyncpg
 import uvloop
 
+from engine.config import BURST_PLAN_RATE_PER_S_DEFAULT
 from engine.ledger.base import SchedulesCreate, TaskTypesPut, TenantsPut
 from engine.ledger.database import url_with_database
 from engine.ledger.postgres import PARTITIONS_DEFAULT, migrate_database, open_postgres_ledger
@@ -102,8 +103,8 @@ async def create_schedules(
     async with open_postgres_ledger(url) as ledger:
         now = await ledger.database_now()
         # Creating runs at ~10k rows/s here, loading at ~60k/s, and the node plans a burst
-        # N / 10k s ahead of its instant (burst_plan_rate_per_s), plus the 5 s lookahead.
-        lead = timedelta(seconds=8 + n / 5_000 + n / 10_000 + settle_s)
+        # N / 5k s ahead of its instant (burst_plan_rate_per_s), plus the 5 s lookahead.
+        lead = timedelta(seconds=8 + n / 5_000 + n / BURST_PLAN_RATE_PER_S_DEFAULT + settle_s)
         burst_at = (now + lead).replace(microsecond=0)
         expr = f"{burst_at.second} {burst_at.minute} {burst_at.hour} * * *"
         await ledger.task_types_put(TaskTypesPut(TaskType(name="noop", kind=HandlerKind.NOOP)))
