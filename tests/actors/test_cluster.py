@@ -12,7 +12,7 @@ import trio.testing
 
 from engine.actors.lease_keeper import HAND_BACK_DRAIN_S
 from engine.ledger.base import TaskTypesPut
-from engine.model import CatchUpPolicy, ExecutionStatus, HandlerKind, TaskType
+from engine.model import CatchUpPolicy, ExecutionStatus, HandlerKind, Schedule, TaskType
 from tests.actors import probe_handlers
 from tests.actors.harness import (
     START,
@@ -26,6 +26,19 @@ from tests.actors.harness import (
 from tests.ledger.backends import put_noop_task_type
 
 PLANNED_OR_RUN = {ExecutionStatus.QUEUED, ExecutionStatus.RUNNING, ExecutionStatus.SUCCEEDED}
+PROBE = TaskType(
+    name="probe",
+    kind=HandlerKind.PYTHON,
+    settings={"callable": "tests.actors.probe_handlers:probe"},
+)
+"""Records each start by execution id (``probe_handlers.RUNS``)."""
+
+
+def probe_schedules(count: int, expression: str) -> list[Schedule]:
+    return [
+        msgspec.structs.replace(s, task_type="probe")
+        for s in make_schedules(count, START, lambda n: (expression, "UTC"))
+    ]
 
 
 def count_ids(executions: list) -> Counter[tuple[str, object]]:  # type: ignore[type-arg]
@@ -334,18 +347,10 @@ async def test_partitions_handed_to_a_joining_node_mid_burst_run_each_attempt_on
     attempts already claimed there finish and are completed under the old fence -- so none
     is refused, left to its attempt lease, and run a second time."""
     probe_handlers.reset(run_s=2.0)
-    probe = TaskType(
-        name="probe",
-        kind=HandlerKind.PYTHON,
-        settings={"callable": "tests.actors.probe_handlers:probe"},
-    )
-    schedules = [
-        msgspec.structs.replace(s, task_type="probe")
-        for s in make_schedules(600, START, lambda n: ("* * * * *", "UTC"))
-    ]
+    schedules = probe_schedules(600, "* * * * *")
     fire = START.replace(second=0) + timedelta(minutes=2)
     async with cluster(workers=32) as c:
-        await c.ledger.task_types_put(TaskTypesPut(probe))
+        await c.ledger.task_types_put(TaskTypesPut(PROBE))
         await create(c.ledger, schedules)
         await c.start_node("n1")
         await c.start_node("n2")
@@ -373,16 +378,12 @@ async def test_a_hand_back_waits_for_running_attempts_at_most_its_drain_bound(
     within the bound (plus a lease cycle), and the attempts cut off by the hand-back run
     again under the same execution id once their attempt lease runs out."""
     probe_handlers.reset(run_s=40.0)
-    probe = TaskType(
-        name="probe",
-        kind=HandlerKind.PYTHON,
-        settings={"callable": "tests.actors.probe_handlers:probe", "timeout_s": 120},
+    probe = msgspec.structs.replace(
+        PROBE,
+        settings={**PROBE.settings, "timeout_s": 120},
         timeout_s=120,
     )
-    schedules = [
-        msgspec.structs.replace(s, task_type="probe")
-        for s in make_schedules(60, START, lambda n: ("0 * * * *", "UTC"))
-    ]
+    schedules = probe_schedules(60, "0 * * * *")
     fire = START.replace(minute=0, second=0) + timedelta(hours=1)
     async with cluster(workers=64) as c:
         await c.ledger.task_types_put(TaskTypesPut(probe))
@@ -413,18 +414,10 @@ async def test_a_node_shutting_down_mid_burst_lets_its_running_attempts_finish_f
     the attempts already claimed and their completions are written, and only then does it
     stop and release its leases -- no attempt is cut off to run again elsewhere."""
     probe_handlers.reset(run_s=2.0)
-    probe = TaskType(
-        name="probe",
-        kind=HandlerKind.PYTHON,
-        settings={"callable": "tests.actors.probe_handlers:probe"},
-    )
-    schedules = [
-        msgspec.structs.replace(s, task_type="probe")
-        for s in make_schedules(600, START, lambda n: ("0 * * * *", "UTC"))
-    ]
+    schedules = probe_schedules(600, "0 * * * *")
     fire = START.replace(minute=0, second=0) + timedelta(hours=1)
     async with cluster(workers=32) as c:
-        await c.ledger.task_types_put(TaskTypesPut(probe))
+        await c.ledger.task_types_put(TaskTypesPut(PROBE))
         await create(c.ledger, schedules)
         await c.start_node("n1")
         await c.start_node("n2")
