@@ -428,8 +428,7 @@ class Dispatcher:
         wanted = [e for e in batch if (e.partition_id or 0) in fences]
         # In flight from now (a hand-back of the partition waits for them), until settled:
         # below when not claimed, by the workers or the completion writer otherwise.
-        for execution in wanted:
-            self._table.attempts_started(execution.partition_id or 0)
+        self._table.attempts_started_each(e.partition_id or 0 for e in wanted)
         claimed: list[Execution] = []
         try:
             claimed, lease_s, sent_at = await self._claim_wanted(fences, wanted)

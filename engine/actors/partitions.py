@@ -112,12 +112,14 @@ class PartitionTable:
         self._settled.set()
         self._settled = trio.Event()
 
+    def attempts_started_each(self, partition_ids: Iterable[int]) -> None:
+        """One attempt being claimed per item of ``partition_ids``."""
+        for partition_id, count in _tally(partition_ids).items():
+            self.attempts_started(partition_id, count)
+
     def attempts_settled_each(self, partition_ids: Iterable[int]) -> None:
         """One attempt settled per item of ``partition_ids``."""
-        counts: dict[int, int] = {}
-        for partition_id in partition_ids:
-            counts[partition_id] = counts.get(partition_id, 0) + 1
-        for partition_id, count in counts.items():
+        for partition_id, count in _tally(partition_ids).items():
             self.attempts_settled(partition_id, count)
 
     def attempts_in_flight(self, partition_id: int) -> int:
@@ -135,3 +137,10 @@ class PartitionTable:
     def _notify(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
+
+
+def _tally(partition_ids: Iterable[int]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for partition_id in partition_ids:
+        counts[partition_id] = counts.get(partition_id, 0) + 1
+    return counts

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
-import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,20 +13,11 @@ from hypothesis import strategies as st
 from engine.core.dispatch import CapExceeded, ConcurrencyLimits
 from engine.core.fair_queue import WEIGHT_MAX, FairQueue, PushOutcome
 from engine.model import Execution, execution_id
-
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
+from tests.core.queued_items import T0, Item
 
 
 def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
-
-
-class Item(msgspec.Struct, frozen=True):
-    execution_id: str
-    tenant_id: str
-    task_type: str = "noop"
-    planned_at: datetime = T0
-    not_before: datetime | None = None
 
 
 def fill(queue: FairQueue[Item], tenant: str, count: int, task_type: str = "noop") -> None:

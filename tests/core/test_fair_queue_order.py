@@ -8,7 +8,7 @@ order, as a burst arrives from the ledger, or not), and ``pop_many`` returns wha
 from __future__ import annotations
 
 import random
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import msgspec
 from hypothesis import given, settings
@@ -16,16 +16,7 @@ from hypothesis import strategies as st
 
 from engine.core.dispatch import ConcurrencyLimits
 from engine.core.fair_queue import FairQueue
-
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-class Item(msgspec.Struct, frozen=True):
-    execution_id: str
-    tenant_id: str
-    task_type: str = "noop"
-    planned_at: datetime = T0
-    not_before: datetime | None = None
+from tests.core.queued_items import T0, Item
 
 
 @settings(max_examples=200, deadline=None)

@@ -3,22 +3,10 @@
 from __future__ import annotations
 
 from collections import Counter
-from datetime import UTC, datetime
-
-import msgspec
 
 from engine.core.fair_queue import FairQueue, PushOutcome
 from engine.core.queue_shares import SHARE_MIN, Position, QueueShares, Refill
-
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-class Item(msgspec.Struct, frozen=True):
-    execution_id: str
-    tenant_id: str
-    task_type: str = "noop"
-    planned_at: datetime = T0
-    not_before: datetime | None = None
+from tests.core.queued_items import T0, Item
 
 
 def page(tenants: list[str], first: int, count: int) -> tuple[list[Item], list[Position]]:
