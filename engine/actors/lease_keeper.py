@@ -156,6 +156,10 @@ class LeaseKeeper:
             return
         started = self._clock.monotonic()
         renewed = await self._ledger.leases_renew(LeasesRenew(fences, self.config.ttl_s))
+        took = self._clock.monotonic() - started
+        if took > self.config.interval_s / 2:
+            # Every second of it comes off the trust window; a sign of a starved node.
+            log.warning("renewing %d leases took %.1f s", len(fences), took)
         still = {lease.partition_id for lease in renewed}
         for fence in fences:
             owned = self._table.get(fence.partition_id)

@@ -22,6 +22,7 @@ import functools
 import logging
 import random
 from collections.abc import Callable
+from datetime import datetime
 from typing import Final
 
 from engine.actors.partitions import PartitionTable
@@ -41,6 +42,10 @@ IDLE_VERIFIED_MAX: Final = 100_000
 starts over (each is asked again when next seen)."""
 HELD_RECHECK_MAX: Final = 100
 """Held executions blocked by a previous owner's run re-checked in the ledger per pass."""
+
+
+def _planned_at(execution: Execution) -> datetime:
+    return execution.planned_at
 
 
 class OverlapVerdict(enum.StrEnum):
@@ -92,7 +97,10 @@ class OverlapGuard:
         skipped: list[Execution] = []
         settled = 0
         await self._schedules.prefetch([execution.schedule_id for execution in batch])
-        for execution in batch:
+        # Judged in planned order (stable: a burst's shared instant keeps the pop order), so
+        # of two fires of one schedule popped together -- a redelivery and a newer fire --
+        # the earlier is the one that starts under ``skip`` and ``buffer_one``.
+        for execution in sorted(batch, key=_planned_at):
             try:
                 verdict = self._verdict_at_once(execution)
                 if verdict is None:

@@ -34,6 +34,7 @@ from engine.ledger.base import (
     ExecutionsTrigger,
     Fence,
     LeasesAcquire,
+    LeasesRelease,
     LeasesRenew,
     Outcome,
     PlannedExecution,
@@ -369,6 +370,37 @@ async def test_a_takeover_waits_for_the_fenced_transaction_in_flight(
             await wait_for_lock_waiters(url, 1)
             await trio.sleep(0.7)  # the lease expires while the fenced write is in flight
             # The lease row is share-locked by that transaction: nobody takes it yet.
+            assert await ledger.leases_acquire(LeasesAcquire("new", [6], LONG_TTL_S)) == []
+        assert results[0].inserted == [execution_id(sid, later)]
+        [taken] = await ledger.leases_acquire(LeasesAcquire("new", [6], LONG_TTL_S))
+        assert taken.fencing_token == fence.fencing_token + 1
+
+
+async def test_the_owner_renews_and_releases_without_waiting_for_its_fenced_write_in_flight(
+    url: str, bridge: DatabaseBridge
+) -> None:
+    [sid] = ids_in_partition(6, 1)
+    async with open_postgres_ledger(url) as ledger:
+        await ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+        fence = await own(ledger, 6, "old")
+        at = (await ledger.database_now()).replace(microsecond=0)
+        await ledger.executions_plan(plan_one(fence, sid, at, checkpoint=at))
+        later = at + timedelta(minutes=1)
+        results = []
+
+        async def plan() -> None:
+            fire = PlannedExecution(sid, "acme", "noop", later)
+            results.append(await ledger.executions_plan(ExecutionsPlan(fence, [fire], [], later)))
+
+        lock = "SELECT 1 FROM planner_checkpoints WHERE partition_id = 6 FOR UPDATE"
+        async with trio.open_nursery() as nursery, holding_lock(bridge, url, lock):
+            nursery.start_soon(plan)
+            await wait_for_lock_waiters(url, 1)  # the plan holds its fence, stuck further on
+            with trio.fail_after(5):
+                [renewed] = await ledger.leases_renew(LeasesRenew([fence], LONG_TTL_S))
+                assert renewed.fencing_token == fence.fencing_token
+                assert await ledger.leases_release(LeasesRelease([fence])) == 1
+            # Released, but the fenced write is still in flight: nobody takes the row yet.
             assert await ledger.leases_acquire(LeasesAcquire("new", [6], LONG_TTL_S)) == []
         assert results[0].inserted == [execution_id(sid, later)]
         [taken] = await ledger.leases_acquire(LeasesAcquire("new", [6], LONG_TTL_S))

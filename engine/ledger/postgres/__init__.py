@@ -9,7 +9,7 @@ Layout (SQL lives only in :mod:`.sql` and ``migrations/*.sql``)::
     catalog.py     task types and tenants (dispatch settings)    │
     audit.py       dead-letter replay and the audit trail        ┘
     caps.py        the claim's statements, cluster-wide concurrency caps
-    fencing.py     the fence checks: share-locked (transactions) and in-statement (claim, complete)
+    fencing.py     the fence checks: locked (transactions) and in-statement (claim, complete)
     listener.py    LISTEN on a dedicated connection for schedule_changes_wait
     store.py       the pool, error translation and conflict retries around each operation
     connection.py  connection options, codecs, driver errors -> Carillon errors

@@ -1,11 +1,12 @@
 """The fence check that opens every ownership-dependent transaction.
 
-:func:`require_fences` share-locks the lease rows of the given fences and checks, by the
+:func:`require_fences` key-share-locks the lease rows of the given fences and checks, by the
 server's ``now()``, that each still has the caller as owner with the caller's token and has
 not expired. It runs *first*, before any write: if one fence fails, :class:`~engine.errors.
 LeaseLost` is raised, the transaction rolls back, and nothing has changed. If all hold, the
-share locks keep them holding until commit: a takeover must update the lease row, and that
-update waits for this transaction. The lock rows are taken in partition order, like every
+locks keep them holding until commit: a takeover locks the lease row ``FOR UPDATE`` first,
+and that waits for (or skips) this transaction; the owner's renewals do not
+(``sql.FENCES_HOLDING``). The lock rows are taken in partition order, like every
 other lease-row lock (see :mod:`engine.ledger.postgres.sql`), so this never deadlocks with
 the caller's own renewals.
 """

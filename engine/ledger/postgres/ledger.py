@@ -11,9 +11,10 @@ hop per statement). The docstrings of :class:`~engine.ledger.base.Ledger` are th
 Design
 ------
 * **Fencing** happens in SQL, first in every ownership-dependent transaction: the lease
-  rows are share-locked and checked against owner, token and the server's ``now()``
+  rows are key-share-locked and checked against owner, token and the server's ``now()``
   (:mod:`~engine.ledger.postgres.fencing`). A failed fence raises ``LeaseLost`` before any
-  write, and the held share locks make a takeover wait until the transaction ends.
+  write, and the held locks make a takeover (``FOR UPDATE``) wait until the transaction
+  ends, while the owner's renewals (``FOR NO KEY UPDATE``) pass.
 * **Atomicity**: one transaction per method; batches are single statements over arrays.
 * **Task types** must exist for every live schedule naming them: checked under a key-share
   lock by schedule writers, and backed by a foreign key (:mod:`~engine.ledger.postgres.

@@ -8,7 +8,7 @@ Conventions kept by every statement here:
   ...)``, not n statements (ARCHITECTURE.md §7: 55-75k rows/s instead of a few thousand).
 * **Partition ids come from Python** (:func:`engine.core.hashing.partition_of`); no statement
   recomputes the hash.
-* **Row locks are taken in ascending key order** (``ORDER BY ... FOR SHARE|UPDATE`` puts the
+* **Row locks are taken in ascending key order** (``ORDER BY ... FOR <mode>`` puts the
   lock step above the sort), so lease renewals and fenced writes of the same node never
   deadlock each other.
 * Listing queries are composed from fixed fragments by the small builders at the end, so
@@ -55,10 +55,14 @@ JOIN unnest($1::integer[], $2::text[], $3::bigint[]) AS f (partition_id, owner_i
  AND l.fencing_token = f.fencing_token
 WHERE l.expires_at > now()
 ORDER BY l.partition_id
-FOR SHARE OF l
+FOR KEY SHARE OF l
 """
-"""The fences that hold, each lease row share-locked until commit: a concurrent takeover
-(an UPDATE of the row) waits for this transaction, so the fence holds for all of it."""
+"""The fences that hold, each lease row key-share-locked until commit. A takeover locks the row
+``FOR UPDATE`` first (``LEASES_ACQUIRE``, ``LEASES_REVOKE_ALL``), which conflicts: it skips or
+waits for this transaction, so the fence holds for all of it. A renewal or release only takes
+the weaker ``FOR NO KEY UPDATE``, which does not conflict: the owner's own renewals never queue
+behind its fenced writes. (With ``FOR SHARE`` they did: a renewal of n rows waited on each
+row's writer in turn, and under a burst it came back more than a trust window late.)"""
 
 # --- task types and tenants -------------------------------------------------------------
 #
@@ -303,9 +307,11 @@ WITH held AS (
      AND l.fencing_token = f.fencing_token
     WHERE l.expires_at > now()
     ORDER BY l.partition_id
-    FOR UPDATE OF l
+    FOR NO KEY UPDATE OF l
 )
 """
+"""The caller's held leases, locked against each other's renewals and releases, and against a
+takeover; not against the caller's own fenced writes (see ``FENCES_HOLDING``)."""
 
 LEASES_RENEW: Final = f"""{_LEASES_HELD_LOCKED}
 UPDATE partition_leases AS l SET expires_at = now() + make_interval(secs => $4)
