@@ -75,6 +75,7 @@ from engine.config import NodeConfig
 from engine.core.dispatch import ConcurrencyLimits
 from engine.core.timetable import TimetableCache
 from engine.errors import ConfigError, LedgerUnavailable
+from engine.gc_thresholds import raised_gc_thresholds
 from engine.handlers import HandlerOptions
 from engine.ledger.base import Ledger
 from engine.metrics import NodeGauges, NodeMetrics, node_gauges, render
@@ -269,6 +270,10 @@ class Node:
     async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled, then shut down gracefully (bounded)."""
         await self._check_node_id()
+        with raised_gc_thresholds():
+            await self._run(task_status)
+
+    async def _run(self, task_status: trio.TaskStatus[Any]) -> None:
         # The actors are shielded from the node's cancellation: the watcher below takes it,
         # drains, and only then stops them.
         actors = trio.CancelScope(shield=True)
