@@ -40,6 +40,11 @@ still not started by then counts as starting then (its delay is a lower bound)."
 BURST_POLL_S: Final = 1.0
 
 
+def burst_expression(burst_at: datetime) -> str:
+    """The cron expression of the schedules due at ``burst_at`` (UTC)."""
+    return f"{burst_at.second} {burst_at.minute} {burst_at.hour} * * *"
+
+
 def make_schedules(
     first: int,
     stop: int,
@@ -53,7 +58,7 @@ def make_schedules(
     for n in range(first, stop):
         sid = f"s{n:07d}"
         if n < burst and burst_at is not None:
-            expr = f"{burst_at.second} {burst_at.minute} {burst_at.hour} * * *"
+            expr = burst_expression(burst_at)
             zone, next_at = "UTC", burst_at
         else:
             expr, zone = SPREAD[n % len(SPREAD)], ZONES[n % len(ZONES)]
@@ -159,9 +164,12 @@ WHERE planned_at = $1 AND status NOT IN ('succeeded', 'dead-letter', 'skipped')
 """
 
 BURST: Final = """
-SELECT count(*) AS n, min(enqueued_at) AS first, max(enqueued_at) AS last
-FROM executions WHERE planned_at = $1
+SELECT count(*) AS n, min(e.enqueued_at) AS first, max(e.enqueued_at) AS last
+FROM executions AS e JOIN schedules AS s USING (schedule_id)
+WHERE e.planned_at = $1 AND s.cron_expr = $2
 """
+"""The burst schedules' executions at T: the spread schedules may fire at T too (an ``H``
+minute equal to T's, when T falls on a minute), and are not counted."""
 
 STEADY: Final = """
 SELECT count(*) AS planned,
@@ -205,7 +213,11 @@ def database_figures(
         connection = await asyncpg.connect(url)
         try:
             steady = await connection.fetchrow(STEADY, steady_from, steady_to, stopped_at)
-            burst = await connection.fetchrow(BURST, burst_at) if burst_at else None
+            burst = (
+                await connection.fetchrow(BURST, burst_at, burst_expression(burst_at))
+                if burst_at
+                else None
+            )
         finally:
             await connection.close()
         window_s = (steady_to - steady_from).total_seconds()

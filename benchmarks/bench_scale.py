@@ -322,6 +322,9 @@ def size_report(total: int, burst: int, runs: list[dict[str, float]]) -> list[st
     if burst:
         complete = all(run["burst_rows"] == burst for run in runs)
         lines += ["", f"Every burst execution was planned: {'yes' if complete else 'NO'}."]
+        if not complete:
+            counts = " / ".join(f"{run['burst_rows']:,.0f}" for run in runs)
+            lines += ["", f"Burst executions planned, each run: {counts} of {burst:,}."]
     lines += ["", "| target | median (worst run) | met? |", "|---|---:|:-:|"]
     for label, key, limit, unit in [
         ("RSS with every schedule loaded", "rss_loaded_mb", RSS_TARGET_MB, "MB"),
