@@ -38,6 +38,7 @@ from engine.ledger.base import (
     LeasesRenew,
     Outcome,
     PlannedExecution,
+    PlanResult,
     ScheduleAdvance,
     ScheduleChangesSince,
     SchedulesCreate,
@@ -342,6 +343,26 @@ async def test_plans_racing_deletes_never_leave_a_queued_orphan(url: str) -> Non
             assert set(await statuses_of(ledger, sid)) <= {ExecutionStatus.SKIPPED}
 
 
+@asynccontextmanager
+async def plan_in_flight(
+    ledger: PostgresLedger, bridge: DatabaseBridge, url: str, fence: Fence, sid: str, at: Any
+) -> AsyncIterator[list[PlanResult]]:
+    """Inside: a fenced plan of ``sid``'s fire at ``at`` that holds its fence (the lease row
+    locked) and is stuck further on, on the partition's checkpoint row; on exit it commits,
+    its result in the yielded list."""
+    results: list[PlanResult] = []
+
+    async def plan() -> None:
+        fire = PlannedExecution(sid, "acme", "noop", at)
+        results.append(await ledger.executions_plan(ExecutionsPlan(fence, [fire], [], at)))
+
+    lock = f"SELECT 1 FROM planner_checkpoints WHERE partition_id = {fence.partition_id} FOR UPDATE"
+    async with trio.open_nursery() as nursery, holding_lock(bridge, url, lock):
+        nursery.start_soon(plan)
+        await wait_for_lock_waiters(url, 1)
+        yield results
+
+
 async def test_a_takeover_waits_for_the_fenced_transaction_in_flight(
     url: str, bridge: DatabaseBridge
 ) -> None:
@@ -355,21 +376,9 @@ async def test_a_takeover_waits_for_the_fenced_transaction_in_flight(
             6, "old", (await ledger.leases_renew(LeasesRenew([fence], 0.5)))[0].fencing_token
         )
         later = at + timedelta(minutes=1)
-        results = []
-
-        async def plan() -> None:
-            results.append(
-                await ledger.executions_plan(
-                    ExecutionsPlan(fence, [PlannedExecution(sid, "acme", "noop", later)], [], later)
-                )
-            )
-
-        lock = "SELECT 1 FROM planner_checkpoints WHERE partition_id = 6 FOR UPDATE"
-        async with trio.open_nursery() as nursery, holding_lock(bridge, url, lock):
-            nursery.start_soon(plan)
-            await wait_for_lock_waiters(url, 1)
+        async with plan_in_flight(ledger, bridge, url, fence, sid, later) as results:
             await trio.sleep(0.7)  # the lease expires while the fenced write is in flight
-            # The lease row is share-locked by that transaction: nobody takes it yet.
+            # The lease row is key-share-locked by that transaction: nobody takes it yet.
             assert await ledger.leases_acquire(LeasesAcquire("new", [6], LONG_TTL_S)) == []
         assert results[0].inserted == [execution_id(sid, later)]
         [taken] = await ledger.leases_acquire(LeasesAcquire("new", [6], LONG_TTL_S))
@@ -386,16 +395,7 @@ async def test_the_owner_renews_and_releases_without_waiting_for_its_fenced_writ
         at = (await ledger.database_now()).replace(microsecond=0)
         await ledger.executions_plan(plan_one(fence, sid, at, checkpoint=at))
         later = at + timedelta(minutes=1)
-        results = []
-
-        async def plan() -> None:
-            fire = PlannedExecution(sid, "acme", "noop", later)
-            results.append(await ledger.executions_plan(ExecutionsPlan(fence, [fire], [], later)))
-
-        lock = "SELECT 1 FROM planner_checkpoints WHERE partition_id = 6 FOR UPDATE"
-        async with trio.open_nursery() as nursery, holding_lock(bridge, url, lock):
-            nursery.start_soon(plan)
-            await wait_for_lock_waiters(url, 1)  # the plan holds its fence, stuck further on
+        async with plan_in_flight(ledger, bridge, url, fence, sid, later) as results:
             with trio.fail_after(5):
                 [renewed] = await ledger.leases_renew(LeasesRenew([fence], LONG_TTL_S))
                 assert renewed.fencing_token == fence.fencing_token
