@@ -121,6 +121,7 @@ class Node:
         self.membership = Membership(
             MembershipConfig(config.node_id, config.region, config.lease_ttl_s),
             ledger,
+            clock,
             rng,
             lambda: self.clock_monitor.statistics().offset_s,
             self._planner_lags,

@@ -13,13 +13,14 @@ A fire planned at ``P`` must have its first attempt start (its handler invoked) 
   not in it: the engine plans and dispatches on the database-corrected clock, so a wrong
   wall clock must not delay anything.
 
-  ``R = TTL + TTL/3`` (a dead or frozen owner's lease runs out; a survivor's next lease
-  cycle takes it) ``+ HAND_BACK_DRAIN (5 s) + PLANNER_STOP_WAIT (2 s)`` (a graceful
-  hand-back: its attempts in flight settle, then its planner stops) ``+ 6.5 s`` (the
-  longest ledger retry backoff, with jitter) ``+ lookahead`` ``+ attempt_lease + 10 s`` (an
-  attempt claimed by a process that then died, or whose claim reply was lost, is re-queued
-  once its attempt lease runs out, by a redeliverer round, and fetched) ``+ RESTART_DELAY
-  (5 s)`` (a restarted node whose id is still registered is refused, and tried again).
+  ``R = TTL + TTL/3`` (a dead or frozen owner's lease runs out; a survivor takes it at once,
+  or at its next lease cycle if that wake-up fails) ``+ HAND_BACK_DRAIN (5 s) +
+  PLANNER_STOP_WAIT (2 s)`` (a graceful hand-back: its attempts in flight settle, then its
+  planner stops) ``+ 6.5 s`` (the longest ledger retry backoff, with jitter) ``+ lookahead``
+  ``+ attempt_lease + 10 s`` (an attempt claimed by a process that then died, or whose claim
+  reply was lost, is re-queued once its attempt lease runs out, by a redeliverer round, and
+  fetched) ``+ RESTART_DELAY (5 s)`` (a restarted node whose id is still registered is
+  refused, and tried again).
 
 The liveness phase lasts ``R + W + 60 s``, where the **completion allowance** ``W = B +
 max_attempts x (longest handler run + backoff_max x 1.2 + FETCH_INTERVAL) + attempt_lease +

@@ -2,7 +2,10 @@
 
 A node is live while its heartbeat row has not expired by the *database's* clock. The live
 set decides each node's fair share of partitions; it is refreshed every ``interval_s``
-(a third of the heartbeat TTL, so one missed beat does not drop the node).
+(a third of the heartbeat TTL, so one missed beat does not drop the node), and also just after
+the earliest heartbeat of another node runs out: a crashed node leaves the live set as soon as
+its row expires, not up to a cycle later. Each change of the live set is announced
+(:meth:`Membership.wait_changed`), so the lease keeper rebalances at once.
 
 Each beat also reads the cluster settings: only nodes of the *active region* share the
 partitions, so the live set holds the live nodes of that region, and a node of another
@@ -14,16 +17,21 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import trio
 
 from engine.actors.retry import retry_unavailable
+from engine.clock import Clock
 from engine.errors import LedgerUnavailable
 from engine.ledger.base import ClusterSettings, Ledger, NodesHeartbeat
 
 log = logging.getLogger("carillon.membership")
+
+EXPIRY_SLACK_S: Final = 0.1
+"""How long after another node's heartbeat should have run out the live set is read again:
+the local and database clocks are matched only to within a round trip."""
 
 
 class MembershipConfig(msgspec.Struct, frozen=True):
@@ -56,6 +64,7 @@ class Membership:
         self,
         config: MembershipConfig,
         ledger: Ledger,
+        clock: Clock,
         rng: random.Random,
         clock_offset_s: Callable[[], float | None] = lambda: None,
         planner_lag_s: Callable[[], dict[int, float]] = dict,
@@ -66,8 +75,14 @@ class Membership:
         """The node's measured offset to the database clock, published with each beat (for
         ``GET /v1/cluster``)."""
         self._ledger = ledger
+        self._clock = clock
         self._rng = rng
         self.live_nodes: list[str] = [config.node_id]
+        self.changes = 0
+        """How many times the live set changed (see :meth:`wait_changed`)."""
+        self._changed = trio.Event()
+        self._next_expiry: float | None = None
+        """Local monotonic time at which the earliest heartbeat of another live node runs out."""
         self.settings: ClusterSettings | None = None
         """The cluster settings as of the last beat: active region and region epoch."""
         self._heartbeats = 0
@@ -77,7 +92,10 @@ class Membership:
         await retry_unavailable(self.step, rng=self._rng, log=log, what="first heartbeat")
         task_status.started()
         while True:
-            await trio.sleep(self.config.interval_s)
+            wake_at = self._clock.monotonic() + self.config.interval_s
+            if self._next_expiry is not None:
+                wake_at = min(wake_at, self._next_expiry + EXPIRY_SLACK_S)
+            await trio.sleep_until(wake_at)
             try:
                 await self.step()
             except LedgerUnavailable as exc:
@@ -86,7 +104,8 @@ class Membership:
 
     async def step(self) -> None:
         """Beat once and refresh the live set."""
-        await self._ledger.nodes_heartbeat(
+        self._next_expiry = None  # read afresh, or not at all if the beat fails
+        me = await self._ledger.nodes_heartbeat(
             NodesHeartbeat(
                 self.config.node_id,
                 self.config.region,
@@ -96,6 +115,9 @@ class Membership:
             )
         )
         nodes = await self._ledger.nodes_live()
+        # A local time no earlier than the database's stamp of the beat, so a wake-up at the
+        # expiry computed from it finds the row expired.
+        read_at = self._clock.monotonic()
         settings = await self._ledger.cluster_get()
         if self.settings is not None and settings != self.settings:
             log.warning(
@@ -110,8 +132,26 @@ class Membership:
         active = settings.active_region
         live = [node.node_id for node in nodes if node.region == active]
         mine = [self.config.node_id] if self.config.region == active else []
-        self.live_nodes = sorted(set(live) | set(mine))
+        live_nodes = sorted(set(live) | set(mine))
+        others = [
+            node.expires_at
+            for node in nodes
+            if node.region == active and node.node_id != self.config.node_id
+        ]
+        self._next_expiry = (
+            read_at + max(0.0, (min(others) - me.last_seen_at).total_seconds()) if others else None
+        )
+        if live_nodes != self.live_nodes:
+            self.live_nodes = live_nodes
+            self.changes += 1
+            self._changed.set()
+            self._changed = trio.Event()
         self._heartbeats += 1
+
+    async def wait_changed(self, since: int) -> None:
+        """Return once the live set has changed after :attr:`changes` was ``since``."""
+        if self.changes == since:
+            await self._changed.wait()
 
     async def leave(self) -> None:
         """Remove this node's row (graceful shutdown); failures are only logged."""

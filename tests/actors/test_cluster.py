@@ -112,6 +112,30 @@ async def test_a_crashed_nodes_partitions_move_within_ttl_and_missed_fires_follo
     assert any(e.schedule_id in none_schedules for e in skipped)
 
 
+@pytest.mark.parametrize("stagger_s", [0.7, 1.6, 2.4])
+async def test_a_crashed_nodes_partitions_are_owned_again_within_a_second_of_their_leases_expiring(
+    autojump_clock: trio.testing.MockClock, stagger_s: float
+) -> None:
+    """Wherever in the survivors' 5 s cycles the crash lands, they notice the dead node's
+    heartbeat and leases running out at once: RTO <= TTL + 1 s, not TTL + two cycles."""
+    async with cluster() as c:  # lease and heartbeat TTL 15 s, cycles of 5 s
+        for name in ("n1", "n2", "n3"):
+            await c.start_node(name)
+            await trio.sleep(stagger_s)  # the nodes' cycles out of step
+        await trio.sleep(60)
+        victim = max(c.nodes.values(), key=lambda sim: len(sim.node.table))
+        lost = set(victim.node.table)
+        assert lost
+        victim.ledger.crashed = True
+        victim.scope.cancel()
+        del c.nodes[victim.node.config.node_id]
+        crashed_at = trio.current_time()
+        while lost - set().union(*c.owners().values()):
+            await trio.sleep(0.05)
+            assert trio.current_time() - crashed_at <= 15 + 1
+        assert sorted(len(p) for p in c.owners().values()) == [8, 8]
+
+
 async def test_a_paused_node_is_fenced_off_and_steps_down_without_double_planning(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
