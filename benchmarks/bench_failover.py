@@ -139,12 +139,17 @@ async def _measure(
                 owned.setdefault(row["owner_id"], []).append(row["partition_id"])
         victim = max(owned, key=lambda owner: len(owned[owner]))
         partitions = owned[victim]
+        process = processes[int(victim.rsplit("-", 1)[1])]
+        process.send_signal(signal.SIGKILL)
+        killed_at: datetime = await connection.fetchval(NOW)
+        while process.poll() is None:
+            await uvloop_sleep(0.01)
+        # Counted once the victim is gone, so the claims it made up to the kill are in; no
+        # other node can touch these rows before the victim's leases expire.
         in_flight = await connection.fetchval(
             "SELECT count(*) FROM executions WHERE status = 'running' AND partition_id = ANY($1)",
             partitions,
         )
-        processes[int(victim.rsplit("-", 1)[1])].send_signal(signal.SIGKILL)
-        killed_at: datetime = await connection.fetchval(NOW)
         reowned_at = resumed_at = done_at = None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and (done_at is None or reowned_at is None):
