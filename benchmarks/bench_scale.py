@@ -89,7 +89,7 @@ from engine.config import LogLevel, NodeConfig
 from engine.core.timetable import TimetableCache
 from engine.ledger.base import SchedulesCreate, TaskTypesPut
 from engine.ledger.database import resolve_database, url_with_database
-from engine.ledger.postgres import migrate_database, open_postgres_ledger
+from engine.ledger.postgres import POOL_MAX_DEFAULT, migrate_database, open_postgres_ledger
 from engine.metrics import node_gauges
 from engine.model import HandlerKind, TaskType
 from engine.node import Node
@@ -189,7 +189,9 @@ async def run_node(
     url: str, ledger_total: int, burst_at: datetime | None, steady_s: float
 ) -> dict[str, float]:
     """Start the node, wait for the load, the burst and the steady window; its figures."""
-    async with open_postgres_ledger(url, pool_max=4) as ledger:
+    # The pool a `carillon run` node opens (POOL_MAX_DEFAULT): with 4 connections, loads,
+    # plans and lease renewals of 5M schedules queued for the pool and timed out.
+    async with open_postgres_ledger(url) as ledger:
         config = NodeConfig(node_id=f"scale-{os.getpid()}", log_level=LogLevel.WARNING, http="")
         node = Node(config, ledger, SystemClock(), random.Random(7))
         partitions = (await ledger.cluster_get()).partition_count
@@ -359,8 +361,9 @@ def header(args: argparse.Namespace, load_averages: tuple[float, float]) -> list
     return [
         "## Scale: one node, a million schedules (`benchmarks/bench_scale.py`)",
         "",
-        f"Machine: {machine()}; revision {revision()}; {args.runs} runs per size; one node, in "
-        f"a fresh process each run, {args.partitions} partitions, schedules over {TENANTS} "
+        f"Machine: {machine()}; revision {revision()}; {args.runs} runs per size; one node with "
+        f"default settings (a ledger pool of {POOL_MAX_DEFAULT} connections), in a fresh process "
+        f"each run, {args.partitions} partitions, schedules over {TENANTS} "
         f"tenants (`H` expressions in four zones, spread over the hour), {burst}; created by "
         f"{CREATORS} processes; PostgreSQL on the same machine. Steady state: "
         f"{args.steady:.0f} s after the burst has run, planner lag sampled every "

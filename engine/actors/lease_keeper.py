@@ -122,9 +122,13 @@ class LeaseKeeper:
         task_status.started()
         while True:
             changes = self._membership.changes
+            # The period runs from the start of a cycle, not its end: a renewal that took
+            # most of a period (a starved node) is followed at once by the next, while the
+            # trust windows still hold, instead of a full period later, when they may not.
+            cycle_started = self._clock.monotonic()
             await self.step()
             short = self._target is not None and len(self._table) < self._target
-            wake_at = self._clock.monotonic() + (
+            wake_at = cycle_started + (
                 min(self.config.interval_s, SHORT_OF_SHARE_INTERVAL_S)
                 if short
                 else self.config.interval_s

@@ -136,6 +136,25 @@ async def test_a_crashed_nodes_partitions_are_owned_again_within_a_second_of_the
         assert sorted(len(p) for p in c.owners().values()) == [8, 8]
 
 
+async def test_a_node_whose_renewals_come_back_late_keeps_its_partitions(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Renewals that take 6 s (a starved node; TTL 15 s, trust window 13 s): each cycle starts
+    5 s after the previous one *started* -- at once when it overran -- so every renewal
+    returns inside the window the one before opened. Counted from the end of a cycle, the
+    next returned 17 s after the last began: every planner stopped at 13 s and reloaded."""
+    async with cluster() as c:  # lease TTL 15 s, margin 2 s, cycles of 5 s
+        n1 = await c.start_node("n1")
+        await trio.sleep(30)
+        assert len(n1.node.table) == 16
+        n1.ledger.slow["leases_renew"] = 6.0
+        for _ in range(240):
+            await trio.sleep(0.5)
+            assert len(n1.node.table) == 16
+        statistics = n1.node.lease_keeper.statistics()
+        assert (statistics.expired_locally, statistics.lost, statistics.acquired) == (0, 0, 16)
+
+
 async def test_a_paused_node_is_fenced_off_and_steps_down_without_double_planning(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
