@@ -42,7 +42,7 @@ from typing import Any, Final
 import msgspec
 import trio
 
-from engine.actors.membership import Membership
+from engine.actors.membership import Membership, wake_after_expiry
 from engine.actors.partitions import PartitionTable
 from engine.clock import Clock
 from engine.core.ownership import plan_ownership
@@ -66,9 +66,6 @@ HAND_BACK_DRAIN_S: Final = 5.0
 running then completes after the release: its completion is refused, and the new owner runs
 it again once its attempt lease has run out (the at-least-once path). Short, because the
 joining node waits for the partition meanwhile."""
-EXPIRY_SLACK_S: Final = 0.1
-"""How long after another node's lease should have expired the keeper looks again (the local
-and database clocks are matched only to within a round trip)."""
 SHORT_OF_SHARE_INTERVAL_S: Final = 0.5
 """Cycle period while this node holds less than its fair share: partitions another node hands
 back are taken within about half a second, so a rebalance leaves no planning gap."""
@@ -115,8 +112,8 @@ class LeaseKeeper:
         self._rng = rng
         self._counts = {"acquired": 0, "released": 0, "lost": 0, "expired": 0, "failures": 0}
         self._target: int | None = None
-        self._next_expiry: float | None = None
-        """Local monotonic time at which the earliest live lease of another node expires."""
+        self._wake_at_expiry: float | None = None
+        """Local monotonic time just after the earliest live lease of another node expires."""
 
     async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -133,14 +130,14 @@ class LeaseKeeper:
                 if short
                 else self.config.interval_s
             )
-            if self._next_expiry is not None:
-                wake_at = min(wake_at, self._next_expiry + EXPIRY_SLACK_S)
+            if self._wake_at_expiry is not None:
+                wake_at = min(wake_at, self._wake_at_expiry)
             with trio.move_on_at(wake_at):
                 await self._membership.wait_changed(changes)
 
     async def step(self) -> None:
         """One cycle: renew, expire locally, rebalance."""
-        self._next_expiry = None  # read afresh, or not at all if the cycle is cut short
+        self._wake_at_expiry = None  # read afresh, or not at all if the cycle is cut short
         try:
             await self._renew()
             self._expire_locally()
@@ -212,14 +209,16 @@ class LeaseKeeper:
         leases = await self._ledger.leases_list()
         now = await self._ledger.database_now()
         read_at = self._clock.monotonic()
-        others = [
-            lease.expires_at
-            for lease in leases
-            if lease.owner_id not in (None, self.config.node_id)
-            and lease.expires_at is not None
-            and lease.expires_at > now
-        ]
-        self._next_expiry = read_at + (min(others) - now).total_seconds() if others else None
+        self._wake_at_expiry = wake_after_expiry(
+            read_at,
+            now,
+            (
+                lease.expires_at
+                for lease in leases
+                if lease.owner_id not in (None, self.config.node_id)
+                and lease.expires_at is not None
+            ),
+        )
         plan = plan_ownership(self.config.node_id, leases, self._membership.live_nodes, now)
         self._target = plan.target
         if plan.release:

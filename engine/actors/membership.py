@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from datetime import datetime
 from typing import Any, Final
 
 import msgspec
@@ -30,8 +31,20 @@ from engine.ledger.base import ClusterSettings, Ledger, NodesHeartbeat
 log = logging.getLogger("carillon.membership")
 
 EXPIRY_SLACK_S: Final = 0.1
-"""How long after another node's heartbeat should have run out the live set is read again:
-the local and database clocks are matched only to within a round trip."""
+"""How long after another node's heartbeat (or lease) should have run out it is looked at
+again: the local and database clocks are matched only to within a round trip."""
+
+
+def wake_after_expiry(
+    read_at: float, database_now: datetime, expiries: Iterable[datetime]
+) -> float | None:
+    """The local monotonic time just after the earliest of ``expiries`` still ahead of
+    ``database_now`` has passed, given that the database's clock read ``database_now`` no
+    later than the local clock read ``read_at``; ``None`` if none is ahead."""
+    ahead = [expiry for expiry in expiries if expiry > database_now]
+    if not ahead:
+        return None
+    return read_at + (min(ahead) - database_now).total_seconds() + EXPIRY_SLACK_S
 
 
 class MembershipConfig(msgspec.Struct, frozen=True):
@@ -81,8 +94,9 @@ class Membership:
         self.changes = 0
         """How many times the live set changed (see :meth:`wait_changed`)."""
         self._changed = trio.Event()
-        self._next_expiry: float | None = None
-        """Local monotonic time at which the earliest heartbeat of another live node runs out."""
+        self._wake_at_expiry: float | None = None
+        """Local monotonic time just after the earliest heartbeat of another live node runs
+        out."""
         self.settings: ClusterSettings | None = None
         """The cluster settings as of the last beat: active region and region epoch."""
         self._heartbeats = 0
@@ -93,8 +107,8 @@ class Membership:
         task_status.started()
         while True:
             wake_at = self._clock.monotonic() + self.config.interval_s
-            if self._next_expiry is not None:
-                wake_at = min(wake_at, self._next_expiry + EXPIRY_SLACK_S)
+            if self._wake_at_expiry is not None:
+                wake_at = min(wake_at, self._wake_at_expiry)
             await trio.sleep_until(wake_at)
             try:
                 await self.step()
@@ -104,7 +118,7 @@ class Membership:
 
     async def step(self) -> None:
         """Beat once and refresh the live set."""
-        self._next_expiry = None  # read afresh, or not at all if the beat fails
+        self._wake_at_expiry = None  # read afresh, or not at all if the beat fails
         me = await self._ledger.nodes_heartbeat(
             NodesHeartbeat(
                 self.config.node_id,
@@ -133,13 +147,14 @@ class Membership:
         live = [node.node_id for node in nodes if node.region == active]
         mine = [self.config.node_id] if self.config.region == active else []
         live_nodes = sorted(set(live) | set(mine))
-        others = [
-            node.expires_at
-            for node in nodes
-            if node.region == active and node.node_id != self.config.node_id
-        ]
-        self._next_expiry = (
-            read_at + max(0.0, (min(others) - me.last_seen_at).total_seconds()) if others else None
+        self._wake_at_expiry = wake_after_expiry(
+            read_at,
+            me.last_seen_at,
+            (
+                node.expires_at
+                for node in nodes
+                if node.region == active and node.node_id != self.config.node_id
+            ),
         )
         if live_nodes != self.live_nodes:
             self.live_nodes = live_nodes
