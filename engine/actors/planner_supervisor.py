@@ -22,7 +22,13 @@ import trio
 from engine.actors.clock_monitor import ClockMonitor
 from engine.actors.forecast import BurstForecast
 from engine.actors.partitions import OwnedPartition, PartitionTable
-from engine.actors.planner import PartitionLost, Planner, PlannerConfig, PlannerStatistics
+from engine.actors.planner import (
+    LoadGate,
+    PartitionLost,
+    Planner,
+    PlannerConfig,
+    PlannerStatistics,
+)
 from engine.core.timetable import TimetableCache
 from engine.ledger.base import Ledger
 from engine.metrics import LEASE_LOST_EXPIRED, LEASE_LOST_REFUSED, NodeMetrics
@@ -56,7 +62,7 @@ class PlannerSupervisor:
         self._forecast = forecast
         # Loading is bulk work: a few partitions at a time keep the pool and the CPU free
         # for lease renewals and for planners that are already running.
-        self._load_slots = trio.Semaphore(LOADS_IN_PARALLEL)
+        self._loads = LoadGate(LOADS_IN_PARALLEL)
         self._ledger = ledger
         self._monitor = monitor
         self._cache = cache
@@ -104,7 +110,7 @@ class PlannerSupervisor:
             self._cache,
             self._rng,
             self._forecast,
-            self._load_slots,
+            self._loads,
             self._on_planned,
             metrics=self._metrics,
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from datetime import timedelta
 from typing import Any
 
 import trio
@@ -11,14 +12,16 @@ import trio.testing
 from engine.actors.clock_monitor import ClockMonitor, ClockMonitorConfig
 from engine.actors.forecast import BurstForecast, ForecastConfig
 from engine.actors.partitions import PartitionTable
-from engine.actors.planner import PlannerConfig
+from engine.actors.planner import LOAD_HOLD_MAX_S, PlannerConfig
 from engine.actors.planner_supervisor import PlannerSupervisor
+from engine.core.hashing import partition_of
 from engine.core.timetable import TimetableCache
 from engine.ledger.base import Fence, LeasesAcquire, PlannableSchedule, SchedulesPlannable
 from engine.ledger.memory import MemoryLedger
 from engine.metrics import NodeMetrics
+from engine.model import Schedule
 from engine.testing import SkewedClock
-from tests.actors.harness import START
+from tests.actors.harness import START, create
 
 
 class SlowLoads:
@@ -30,12 +33,16 @@ class SlowLoads:
         self.held = trio.Event()
         self.release = trio.Event()
         self.loads = 0
+        self.free: set[int] = set()
+        """Partitions whose loads are not held."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
     async def schedules_plannable(self, params: SchedulesPlannable) -> list[PlannableSchedule]:
         self.loads += 1
+        if params.partition_id in self.free:
+            return await self._inner.schedules_plannable(params)
         with trio.CancelScope(shield=True):
             self.held.set()
             await self.release.wait()
@@ -79,4 +86,99 @@ async def test_a_planner_stopped_by_its_deadline_resumes_when_a_late_renewal_ext
         assert [p.partition_id for p in supervisor.statistics().planners] == [0]  # ...and planned
         assert slow.loads == 2  # by a new planner
         assert not owned.stopped.is_set()
+        nursery.cancel_scope.cancel()
+
+
+def _supervisor(
+    ledger: Any, clock: SkewedClock, table: PartitionTable
+) -> tuple[PlannerSupervisor, ClockMonitor]:
+    rng = random.Random(1)
+    monitor = ClockMonitor(ClockMonitorConfig(bound_s=2, interval_s=5), ledger, clock, rng)
+    supervisor = PlannerSupervisor(
+        PlannerConfig(lookahead_s=5, batch_max=100, catchup_grace_s=60),
+        ledger,
+        monitor,
+        TimetableCache(),
+        table,
+        rng,
+        BurstForecast(ForecastConfig(5, 10_000, 60)),
+        metrics=NodeMetrics(),
+    )
+    return supervisor, monitor
+
+
+async def _with_a_schedule_in_each_of_two_partitions(ledger: MemoryLedger) -> None:
+    """One every-minute schedule in partition 0 and one in partition 1."""
+    ids: dict[int, str] = {}
+    n = 0
+    while len(ids) < 2:
+        ids.setdefault(partition_of(f"s{n}", 2), f"s{n}")
+        n += 1
+    await create(
+        ledger,
+        [
+            Schedule(schedule_id=sid, tenant_id="t", cron_expr="* * * * *", task_type="noop")
+            for sid in ids.values()
+        ],
+    )
+
+
+async def _owning_both(ledger: MemoryLedger, table: PartitionTable) -> None:
+    for lease in await ledger.leases_acquire(LeasesAcquire("n1", [0, 1], 600)):
+        table.add(Fence(lease.partition_id, "n1", lease.fencing_token), trio.current_time() + 590)
+
+
+def _planned(supervisor: PlannerSupervisor) -> dict[int, int]:
+    return {p.partition_id: p.planned for p in supervisor.statistics().planners}
+
+
+async def test_a_loaded_partition_plans_only_once_the_nodes_other_partitions_are_loaded(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A cold start loads everything before it plans: planning one partition while the rest
+    still load shares the pool and the cores with them, and the node is ready later."""
+    clock = SkewedClock(START + timedelta(seconds=20))  # 00:00:50; both fire at 00:01:00
+    ledger = MemoryLedger(clock=clock, partition_count=2)
+    await _with_a_schedule_in_each_of_two_partitions(ledger)
+    slow = SlowLoads(ledger)
+    slow.free = {0}
+    table = PartitionTable()
+    supervisor, monitor = _supervisor(slow, clock, table)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(monitor.run)
+        await nursery.start(supervisor.run)
+        await _owning_both(ledger, table)
+        await slow.held.wait()  # partition 1 is loading; partition 0 has loaded
+        await trio.sleep(LOAD_HOLD_MAX_S - 5)  # its fire is within the lookahead by now
+        try:
+            assert _planned(supervisor) == {0: 0, 1: 0}
+        finally:
+            slow.release.set()  # else the held load would keep the test from ending
+        await trio.sleep(1)
+        assert _planned(supervisor) == {0: 1, 1: 1}
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_load_that_takes_long_holds_the_other_partitions_back_for_a_bounded_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    clock = SkewedClock(START + timedelta(seconds=20))  # 00:00:50; both fire at 00:01:00
+    ledger = MemoryLedger(clock=clock, partition_count=2)
+    await _with_a_schedule_in_each_of_two_partitions(ledger)
+    slow = SlowLoads(ledger)
+    slow.free = {0}
+    table = PartitionTable()
+    supervisor, monitor = _supervisor(slow, clock, table)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(monitor.run)
+        await nursery.start(supervisor.run)
+        await _owning_both(ledger, table)
+        await slow.held.wait()
+        await trio.sleep(LOAD_HOLD_MAX_S + 1)
+        try:
+            assert _planned(supervisor) == {0: 1, 1: 0}
+        finally:
+            slow.release.set()
+        await trio.sleep(1)
+        assert _planned(supervisor) == {0: 1, 1: 1}
         nursery.cancel_scope.cancel()
