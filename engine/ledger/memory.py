@@ -578,7 +578,7 @@ class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
         finished_before = as_utc(params.finished_before, field="finished_before")
         self._leases.require([params.fence], self._now())
         purgeable: list[tuple[datetime, str]] = []
-        for execution in self._executions.in_partition(params.fence.partition_id):
+        for execution in self._executions.in_partition_unordered(params.fence.partition_id):
             finished_at = execution.finished_at
             if (
                 execution.status in _PURGEABLE

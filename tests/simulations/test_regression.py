@@ -16,7 +16,7 @@ from simulations.sweep import Job, SweepResult, parse_seed_file, sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED_FILE = ROOT / "simulations" / "seeds.txt"
-SWEEP_SEEDS = range(10_001, 10_037)
+SWEEP_SEEDS = range(10_001, 10_025)
 LONG_SEEDS = range(1, 2_001)
 PROCESSES = 2
 
