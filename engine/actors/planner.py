@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -31,6 +30,7 @@ import trio
 
 from engine.actors.clock_monitor import ClockMonitor
 from engine.actors.forecast import BurstForecast, ForecastConfig
+from engine.actors.planning_gate import PlanningGate
 from engine.actors.retry import retry_unavailable
 from engine.core.catchup import catch_up
 from engine.core.plan_heap import PlanHeap
@@ -54,54 +54,6 @@ LOAD_PAGE_SIZE: Final = 2_000
 """Schedules per read of a partition load: few round trips, little memory held per page."""
 INBOX_MAX: Final = 100_000
 """Pending change notifications per planner; beyond it the planner reloads everything."""
-
-
-LOAD_HOLD_MAX_S: Final = 15.0
-"""The longest a loaded planner waits for the node's other loads before it plans anyway."""
-
-
-class LoadGate:
-    """Loads a node's partitions a few at a time, and plans only once they are all loaded.
-
-    A cold start (or a takeover of many partitions) reads every owned schedule. A planner that
-    began planning as soon as its own partition was loaded would write its catch-up fires and
-    start the dispatcher while the other partitions still load, and the two would share the
-    pool and the cores: the whole node took longer to be ready (1,000,000 schedules, pool of
-    10: 20.5 s against 13.9 s with loads alone, docs/benchmarks.md). So a loaded planner waits
-    until no load is pending -- but at most ``hold_max_s``, so a load that keeps failing or a
-    node with very many schedules does not hold the rest back for long.
-    """
-
-    def __init__(self, parallel: int, hold_max_s: float = LOAD_HOLD_MAX_S) -> None:
-        self._slots = trio.Semaphore(parallel)
-        self._hold_max_s = hold_max_s
-        self._pending = 0
-        self._idle = trio.Event()
-        self._idle.set()
-
-    @property
-    def pending(self) -> int:
-        """Loads waiting for a slot or under way."""
-        return self._pending
-
-    @asynccontextmanager
-    async def loading(self) -> AsyncIterator[None]:
-        """Hold a load slot; the load counts as pending from the moment it asks for one."""
-        if self._pending == 0:
-            self._idle = trio.Event()
-        self._pending += 1
-        try:
-            async with self._slots:
-                yield
-        finally:
-            self._pending -= 1
-            if self._pending == 0:
-                self._idle.set()
-
-    async def wait_loaded(self) -> None:
-        """Until no load is pending, or ``hold_max_s`` from now."""
-        with trio.move_on_after(self._hold_max_s):
-            await self._idle.wait()
 
 
 class PartitionLost(Exception):
@@ -154,7 +106,7 @@ class Planner:
         cache: TimetableCache,
         rng: random.Random,
         forecast: BurstForecast | None = None,
-        loads: LoadGate | None = None,
+        gate: PlanningGate | None = None,
         on_planned: Callable[[datetime], None] = lambda at: None,
         *,
         metrics: NodeMetrics,
@@ -164,7 +116,7 @@ class Planner:
         self._bulk_skips = 0
         """Ranges skipped in bulk by the batch being built; counted once it is written."""
         self._on_planned = on_planned
-        self._loads = loads or LoadGate(1)
+        self._gate = gate or PlanningGate(1, 1)
         self._forecast = forecast or BurstForecast(
             ForecastConfig(config.lookahead_s, plan_rate_per_s=1e12, max_extra_s=0.0)
         )
@@ -199,10 +151,10 @@ class Planner:
 
     async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         """Load, then plan until cancelled; raises :class:`PartitionLost` on a rejected fence."""
-        async with self._loads.loading():  # a few partitions load at a time, not all at once
+        async with self._gate.loading():  # a few partitions load at a time, not all at once
             await self._retry(self.load, "load")
         task_status.started()
-        await self._loads.wait_loaded()  # the node's other partitions first (LoadGate)
+        await self._gate.wait_loaded()  # the node's other partitions first (PlanningGate)
         log.log(
             logging.INFO if len(self._heap) else logging.DEBUG,
             "partition %d: planning %d schedules",
@@ -231,6 +183,7 @@ class Planner:
             )
             for schedule in page:
                 self._track(schedule, now)
+            self._gate.progress()
             if len(page) < LOAD_PAGE_SIZE:
                 break
             after = page[-1].schedule_id
@@ -254,17 +207,32 @@ class Planner:
         """Plan the fires due within the lookahead; returns how many schedules it handled.
 
         The next instant is planned earlier when the whole node has many fires due then
-        (:class:`~engine.actors.forecast.BurstForecast`).
+        (:class:`~engine.actors.forecast.BurstForecast`). A batch is built and written
+        holding one of the node's write slots (:class:`PlanningGate`).
         """
+        if self._plan_until() is None:
+            return 0
+        async with self._gate.writing():
+            return await self._write_due()
+
+    def _plan_until(self) -> datetime | None:
+        """Up to when to plan now, or None when nothing is due yet."""
         now = self._monitor.now()
         until = now + timedelta(seconds=self.config.lookahead_s)
         upcoming = self._heap.next_instant()
-        if (
-            upcoming is not None
-            and upcoming > until
-            and upcoming - now <= timedelta(seconds=self._forecast.lead_s(upcoming))
+        if upcoming is None:
+            return None
+        if upcoming > until and upcoming - now <= timedelta(
+            seconds=self._forecast.lead_s(upcoming)
         ):
             until = upcoming
+        return until if upcoming <= until else None
+
+    async def _write_due(self) -> int:
+        until = self._plan_until()  # again: waiting for the slot took time
+        if until is None:
+            return 0
+        now = self._monitor.now()
         due = self._heap.pop_until(until, limit=self.config.batch_max)
         if not due:
             return 0

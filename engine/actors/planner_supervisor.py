@@ -14,7 +14,7 @@ import logging
 import random
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Final
+from typing import Any
 
 import msgspec
 import trio
@@ -22,20 +22,13 @@ import trio
 from engine.actors.clock_monitor import ClockMonitor
 from engine.actors.forecast import BurstForecast
 from engine.actors.partitions import OwnedPartition, PartitionTable
-from engine.actors.planner import (
-    LoadGate,
-    PartitionLost,
-    Planner,
-    PlannerConfig,
-    PlannerStatistics,
-)
+from engine.actors.planner import PartitionLost, Planner, PlannerConfig, PlannerStatistics
+from engine.actors.planning_gate import PlanningGate
 from engine.core.timetable import TimetableCache
 from engine.ledger.base import Ledger
 from engine.metrics import LEASE_LOST_EXPIRED, LEASE_LOST_REFUSED, NodeMetrics
 
 log = logging.getLogger("carillon.planners")
-
-LOADS_IN_PARALLEL: Final = 2
 
 
 class PlannerSupervisorStatistics(msgspec.Struct, frozen=True):
@@ -60,9 +53,9 @@ class PlannerSupervisor:
         self._metrics = metrics
         self._on_planned = on_planned
         self._forecast = forecast
-        # Loading is bulk work: a few partitions at a time keep the pool and the CPU free
-        # for lease renewals and for planners that are already running.
-        self._loads = LoadGate(LOADS_IN_PARALLEL)
+        # Loads and batch writes are bulk work: a few at a time leave the pool and the
+        # cores to the dispatcher.
+        self._gate = PlanningGate()
         self._ledger = ledger
         self._monitor = monitor
         self._cache = cache
@@ -110,7 +103,7 @@ class PlannerSupervisor:
             self._cache,
             self._rng,
             self._forecast,
-            self._loads,
+            self._gate,
             self._on_planned,
             metrics=self._metrics,
         )

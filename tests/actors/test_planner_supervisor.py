@@ -6,17 +6,27 @@ import random
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
+from engine.actors import planner as planner_module
 from engine.actors.clock_monitor import ClockMonitor, ClockMonitorConfig
 from engine.actors.forecast import BurstForecast, ForecastConfig
 from engine.actors.partitions import PartitionTable
-from engine.actors.planner import LOAD_HOLD_MAX_S, PlannerConfig
+from engine.actors.planner import PlannerConfig
 from engine.actors.planner_supervisor import PlannerSupervisor
+from engine.actors.planning_gate import LOAD_HOLD_MAX_S, WRITES_IN_PARALLEL
 from engine.core.hashing import partition_of
 from engine.core.timetable import TimetableCache
-from engine.ledger.base import Fence, LeasesAcquire, PlannableSchedule, SchedulesPlannable
+from engine.ledger.base import (
+    ExecutionsPlan,
+    Fence,
+    LeasesAcquire,
+    PlannableSchedule,
+    PlanResult,
+    SchedulesPlannable,
+)
 from engine.ledger.memory import MemoryLedger
 from engine.metrics import NodeMetrics
 from engine.model import Schedule
@@ -107,24 +117,30 @@ def _supervisor(
     return supervisor, monitor
 
 
-async def _with_a_schedule_in_each_of_two_partitions(ledger: MemoryLedger) -> None:
-    """One every-minute schedule in partition 0 and one in partition 1."""
-    ids: dict[int, str] = {}
+async def _with_schedules_in_each_partition(
+    ledger: MemoryLedger, partitions: int = 2, per_partition: int = 1
+) -> None:
+    """``per_partition`` every-minute schedules in each of ``partitions`` partitions."""
+    ids: dict[int, list[str]] = {p: [] for p in range(partitions)}
     n = 0
-    while len(ids) < 2:
-        ids.setdefault(partition_of(f"s{n}", 2), f"s{n}")
+    while any(len(group) < per_partition for group in ids.values()):
+        group = ids[partition_of(f"s{n}", partitions)]
+        if len(group) < per_partition:
+            group.append(f"s{n}")
         n += 1
     await create(
         ledger,
         [
             Schedule(schedule_id=sid, tenant_id="t", cron_expr="* * * * *", task_type="noop")
-            for sid in ids.values()
+            for group in ids.values()
+            for sid in group
         ],
     )
 
 
-async def _owning_both(ledger: MemoryLedger, table: PartitionTable) -> None:
-    for lease in await ledger.leases_acquire(LeasesAcquire("n1", [0, 1], 600)):
+async def _owning(ledger: MemoryLedger, table: PartitionTable, partitions: int = 2) -> None:
+    leases = await ledger.leases_acquire(LeasesAcquire("n1", list(range(partitions)), 600))
+    for lease in leases:
         table.add(Fence(lease.partition_id, "n1", lease.fencing_token), trio.current_time() + 590)
 
 
@@ -139,7 +155,7 @@ async def test_a_loaded_partition_plans_only_once_the_nodes_other_partitions_are
     still load shares the pool and the cores with them, and the node is ready later."""
     clock = SkewedClock(START + timedelta(seconds=20))  # 00:00:50; both fire at 00:01:00
     ledger = MemoryLedger(clock=clock, partition_count=2)
-    await _with_a_schedule_in_each_of_two_partitions(ledger)
+    await _with_schedules_in_each_partition(ledger)
     slow = SlowLoads(ledger)
     slow.free = {0}
     table = PartitionTable()
@@ -147,7 +163,7 @@ async def test_a_loaded_partition_plans_only_once_the_nodes_other_partitions_are
     async with trio.open_nursery() as nursery:
         await nursery.start(monitor.run)
         await nursery.start(supervisor.run)
-        await _owning_both(ledger, table)
+        await _owning(ledger, table)
         await slow.held.wait()  # partition 1 is loading; partition 0 has loaded
         await trio.sleep(LOAD_HOLD_MAX_S - 5)  # its fire is within the lookahead by now
         try:
@@ -164,7 +180,7 @@ async def test_a_load_that_takes_long_holds_the_other_partitions_back_for_a_boun
 ) -> None:
     clock = SkewedClock(START + timedelta(seconds=20))  # 00:00:50; both fire at 00:01:00
     ledger = MemoryLedger(clock=clock, partition_count=2)
-    await _with_a_schedule_in_each_of_two_partitions(ledger)
+    await _with_schedules_in_each_partition(ledger)
     slow = SlowLoads(ledger)
     slow.free = {0}
     table = PartitionTable()
@@ -172,7 +188,7 @@ async def test_a_load_that_takes_long_holds_the_other_partitions_back_for_a_boun
     async with trio.open_nursery() as nursery:
         await nursery.start(monitor.run)
         await nursery.start(supervisor.run)
-        await _owning_both(ledger, table)
+        await _owning(ledger, table)
         await slow.held.wait()
         await trio.sleep(LOAD_HOLD_MAX_S + 1)
         try:
@@ -181,4 +197,78 @@ async def test_a_load_that_takes_long_holds_the_other_partitions_back_for_a_boun
             slow.release.set()
         await trio.sleep(1)
         assert _planned(supervisor) == {0: 1, 1: 1}
+        nursery.cancel_scope.cancel()
+
+
+class SlowPages:
+    """The ledger, with each load page of ``slow`` partitions taking ``page_s``, and the
+    planners' concurrent batch writes (each taking ``write_s``) counted."""
+
+    def __init__(self, inner: MemoryLedger, slow: set[int], page_s: float, write_s: float) -> None:
+        self._inner = inner
+        self._slow = slow
+        self._page_s = page_s
+        self._write_s = write_s
+        self.writing = 0
+        self.most_writing = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def schedules_plannable(self, params: SchedulesPlannable) -> list[PlannableSchedule]:
+        if params.partition_id in self._slow:
+            await trio.sleep(self._page_s)
+        return await self._inner.schedules_plannable(params)
+
+    async def executions_plan(self, params: ExecutionsPlan) -> PlanResult:
+        self.writing += 1
+        self.most_writing = max(self.most_writing, self.writing)
+        try:
+            await trio.sleep(self._write_s)
+            return await self._inner.executions_plan(params)
+        finally:
+            self.writing -= 1
+
+
+async def test_a_slow_load_that_keeps_reading_pages_holds_planning_back_until_it_is_done(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hold's bound is on a load making *no progress*: a big partition (here five pages
+    of 6 s each) is loaded before anything is planned, however long it takes."""
+    monkeypatch.setattr(planner_module, "LOAD_PAGE_SIZE", 1)
+    clock = SkewedClock(START + timedelta(seconds=20))
+    ledger = MemoryLedger(clock=clock, partition_count=2)
+    await _with_schedules_in_each_partition(ledger, per_partition=4)
+    slow = SlowPages(ledger, {1}, page_s=6, write_s=0)
+    table = PartitionTable()
+    supervisor, monitor = _supervisor(slow, clock, table)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(monitor.run)
+        await nursery.start(supervisor.run)
+        await _owning(ledger, table)
+        await trio.sleep(29)  # partition 1's fifth (empty) page comes back at 30 s
+        assert _planned(supervisor) == {0: 0, 1: 0}
+        await trio.sleep(2)
+        assert _planned(supervisor) == {0: 4, 1: 4}
+        nursery.cancel_scope.cancel()
+
+
+async def test_only_a_few_planners_write_a_batch_at_a_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Sixteen partitions due at once: the planners take turns, leaving the rest of the
+    pool to the dispatcher, and every fire is still planned."""
+    clock = SkewedClock(START + timedelta(seconds=20))
+    ledger = MemoryLedger(clock=clock, partition_count=16)
+    await _with_schedules_in_each_partition(ledger, partitions=16)
+    slow = SlowPages(ledger, set(), page_s=0, write_s=0.5)
+    table = PartitionTable()
+    supervisor, monitor = _supervisor(slow, clock, table)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(monitor.run)
+        await nursery.start(supervisor.run)
+        await _owning(ledger, table, partitions=16)
+        await trio.sleep(15)
+        assert _planned(supervisor) == dict.fromkeys(range(16), 1)
+        assert slow.most_writing == WRITES_IN_PARALLEL
         nursery.cancel_scope.cancel()
