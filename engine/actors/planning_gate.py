@@ -7,8 +7,9 @@ few cores. Left to themselves, 64 planners would take every connection:
   Partitions load ``loads_in_parallel`` at a time, and a planner whose partition has loaded
   waits for the node's other loads before it plans. Planning the first partitions' (catch-up)
   fires, and running them, while the rest still loaded shared the pool and the cores with
-  the loads: 1,000,000 schedules took 20.5 s to load against 6.3 s (docs/benchmarks.md), and
-  at 5,000,000 loads timed out waiting for a connection. The wait ends early when no load
+  the loads: the cold load of 1,000,000 schedules went from 21.7 s to 6.3 s with the wait
+  (medians of 3, docs/benchmarks.md), and at 5,000,000 loads had timed out waiting for a
+  connection. The wait ends early when no load
   has made progress for ``hold_max_s``: a load that keeps failing must not hold the node's
   planning back.
 * **Writes.** At most ``writes_in_parallel`` planners write a batch at a time, so the
@@ -44,11 +45,6 @@ class PlanningGate:
         self._progress_at = 0.0
         self._idle = trio.Event()
         self._idle.set()
-
-    @property
-    def loads_pending(self) -> int:
-        """Loads waiting for a slot or under way."""
-        return self._pending
 
     @asynccontextmanager
     async def loading(self) -> AsyncIterator[None]:

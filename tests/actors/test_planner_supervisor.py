@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -148,56 +150,49 @@ def _planned(supervisor: PlannerSupervisor) -> dict[int, int]:
     return {p.partition_id: p.planned for p in supervisor.statistics().planners}
 
 
-async def test_a_loaded_partition_plans_only_once_the_nodes_other_partitions_are_loaded(
-    autojump_clock: trio.testing.MockClock,
+@asynccontextmanager
+async def _planning(
+    ledger: MemoryLedger, view: Any, clock: SkewedClock, partitions: int = 2
+) -> AsyncIterator[PlannerSupervisor]:
+    """A clock monitor and a planner supervisor on ``view`` (the ledger as the planners see
+    it), with every partition owned."""
+    table = PartitionTable()
+    supervisor, monitor = _supervisor(view, clock, table)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(monitor.run)
+        await nursery.start(supervisor.run)
+        await _owning(ledger, table, partitions)
+        yield supervisor
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("held_s", "planned_meanwhile"),
+    [
+        pytest.param(LOAD_HOLD_MAX_S - 5, {0: 0, 1: 0}, id="held-until-the-load-is-done"),
+        pytest.param(LOAD_HOLD_MAX_S + 1, {0: 1, 1: 0}, id="not-held-by-a-stuck-load"),
+    ],
+)
+async def test_a_loaded_partition_plans_once_the_nodes_other_partitions_are_loaded(
+    autojump_clock: trio.testing.MockClock, held_s: float, planned_meanwhile: dict[int, int]
 ) -> None:
     """A cold start loads everything before it plans: planning one partition while the rest
-    still load shares the pool and the cores with them, and the node is ready later."""
+    still load shares the pool and the cores with them, and the node is ready later. A load
+    that makes no progress for LOAD_HOLD_MAX_S holds the others back no longer."""
     clock = SkewedClock(START + timedelta(seconds=20))  # 00:00:50; both fire at 00:01:00
     ledger = MemoryLedger(clock=clock, partition_count=2)
     await _with_schedules_in_each_partition(ledger)
     slow = SlowLoads(ledger)
     slow.free = {0}
-    table = PartitionTable()
-    supervisor, monitor = _supervisor(slow, clock, table)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(monitor.run)
-        await nursery.start(supervisor.run)
-        await _owning(ledger, table)
+    async with _planning(ledger, slow, clock) as supervisor:
         await slow.held.wait()  # partition 1 is loading; partition 0 has loaded
-        await trio.sleep(LOAD_HOLD_MAX_S - 5)  # its fire is within the lookahead by now
+        await trio.sleep(held_s)  # partition 0's fire is within the lookahead by now
         try:
-            assert _planned(supervisor) == {0: 0, 1: 0}
+            assert _planned(supervisor) == planned_meanwhile
         finally:
             slow.release.set()  # else the held load would keep the test from ending
         await trio.sleep(1)
         assert _planned(supervisor) == {0: 1, 1: 1}
-        nursery.cancel_scope.cancel()
-
-
-async def test_a_load_that_takes_long_holds_the_other_partitions_back_for_a_bounded_time(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    clock = SkewedClock(START + timedelta(seconds=20))  # 00:00:50; both fire at 00:01:00
-    ledger = MemoryLedger(clock=clock, partition_count=2)
-    await _with_schedules_in_each_partition(ledger)
-    slow = SlowLoads(ledger)
-    slow.free = {0}
-    table = PartitionTable()
-    supervisor, monitor = _supervisor(slow, clock, table)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(monitor.run)
-        await nursery.start(supervisor.run)
-        await _owning(ledger, table)
-        await slow.held.wait()
-        await trio.sleep(LOAD_HOLD_MAX_S + 1)
-        try:
-            assert _planned(supervisor) == {0: 1, 1: 0}
-        finally:
-            slow.release.set()
-        await trio.sleep(1)
-        assert _planned(supervisor) == {0: 1, 1: 1}
-        nursery.cancel_scope.cancel()
 
 
 class SlowPages:
@@ -240,17 +235,11 @@ async def test_a_slow_load_that_keeps_reading_pages_holds_planning_back_until_it
     ledger = MemoryLedger(clock=clock, partition_count=2)
     await _with_schedules_in_each_partition(ledger, per_partition=4)
     slow = SlowPages(ledger, {1}, page_s=6, write_s=0)
-    table = PartitionTable()
-    supervisor, monitor = _supervisor(slow, clock, table)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(monitor.run)
-        await nursery.start(supervisor.run)
-        await _owning(ledger, table)
+    async with _planning(ledger, slow, clock) as supervisor:
         await trio.sleep(29)  # partition 1's fifth (empty) page comes back at 30 s
         assert _planned(supervisor) == {0: 0, 1: 0}
         await trio.sleep(2)
         assert _planned(supervisor) == {0: 4, 1: 4}
-        nursery.cancel_scope.cancel()
 
 
 async def test_only_a_few_planners_write_a_batch_at_a_time(
@@ -262,13 +251,7 @@ async def test_only_a_few_planners_write_a_batch_at_a_time(
     ledger = MemoryLedger(clock=clock, partition_count=16)
     await _with_schedules_in_each_partition(ledger, partitions=16)
     slow = SlowPages(ledger, set(), page_s=0, write_s=0.5)
-    table = PartitionTable()
-    supervisor, monitor = _supervisor(slow, clock, table)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(monitor.run)
-        await nursery.start(supervisor.run)
-        await _owning(ledger, table, partitions=16)
+    async with _planning(ledger, slow, clock, partitions=16) as supervisor:
         await trio.sleep(15)
         assert _planned(supervisor) == dict.fromkeys(range(16), 1)
         assert slow.most_writing == WRITES_IN_PARALLEL
-        nursery.cancel_scope.cancel()
