@@ -54,7 +54,7 @@ import os
 import random
 import sys
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
@@ -75,6 +75,7 @@ from benchmarks._burst import (
     tenant_id,
 )
 from benchmarks._ceiling import CEILING_BATCH, ceiling
+from benchmarks._cpu import CpuSample, cores, cpu_figures
 from benchmarks._nodes import carillon_burst
 from benchmarks._report import (
     image_link,
@@ -149,11 +150,14 @@ async def engine_phase(
         node = Node(config, ledger, SystemClock(), random.Random(7))
         async with trio.open_nursery() as nursery:
             await nursery.start(node.run)
+            await trio.sleep(max((burst_at - datetime.now(UTC)).total_seconds(), 0.0))
+            before = CpuSample.now()
             polled = await trio.to_thread.run_sync(
                 poll_until_succeeded, url, n, burst_at, timeout_s
             )
+            after = CpuSample.now()
             nursery.cancel_scope.cancel()
-    return polled
+    return polled | cpu_figures(before, after, n)
 
 
 # --- one run ---------------------------------------------------------------------------------
@@ -224,6 +228,9 @@ ROWS: Final = (
     ("contended period: T until the first tenant's last start (s)", "contended_s", 2),
     ("Jain's index of start share / weight share, contended period", "share_jain", 4),
     ("peak RSS (MB)", "peak_rss_mb", 0),
+    ("CPU per execution after T, node process (µs)", "node_cpu_us", 0),
+    ("CPU per execution after T, PostgreSQL (µs)", "postgres_cpu_us", 0),
+    ("executions/s the cores allow at that CPU cost", "cpu_bound_per_s", 0),
     ("duplicates", "duplicates", 0),
     ("raw ceiling rows/s, insert+claim+complete", "ceiling_cycle_per_s", 0),
     ("raw ceiling rows/s, claim+complete", "ceiling_claim_complete_per_s", 0),
@@ -354,6 +361,29 @@ def verdicts(args: argparse.Namespace, variants: list[Variant], results: Results
     return lines
 
 
+def cpu_note(variant: Variant, runs: list[dict[str, Any]]) -> list[str]:
+    """What the cores allow at the CPU each execution cost in ``variant``, against the target:
+    the bound no scheduling of that work can beat on this machine."""
+    runs = [run for run in runs if "cpu_bound_per_s" in run]
+    if not runs:
+        return []
+    node = summary([run["node_cpu_us"] for run in runs])[0]
+    server = summary([run["postgres_cpu_us"] for run in runs])[0]
+    bound = summary([run["cpu_bound_per_s"] for run in runs])[0]
+    rate = summary([run["executions_per_s"] for run in runs])[0]
+    budget_us = cores() * 1e6 / TARGET_8_PER_S
+    return [
+        f"CPU budget ({variant.label}, median over the runs): from T until all had succeeded, "
+        f"each execution cost {node:.0f} µs of CPU in the node process (its trio thread, its "
+        f"database thread and the benchmark's poller) and {server:.0f} µs in PostgreSQL (every "
+        f"`postgres` process). On this machine's {cores()} cores no scheduling of that work "
+        f"can run more than {bound:,.0f} executions/s; the engine ran {rate:,.0f}/s, "
+        f"{rate / bound:.0%} of that bound. {TARGET_8_PER_S:,.0f}/s on {cores()} cores leaves "
+        f"{budget_us:.0f} µs of CPU per execution for the node and the database together.",
+        "",
+    ]
+
+
 def nodes_note(variants: list[Variant], results: Results) -> str:
     late = sum(not r["balanced"] for v in variants if v.nodes for r in results[v])
     note = (
@@ -409,6 +439,7 @@ def report(
     lines += [
         *verdicts(args, variants, results),
         "",
+        *cpu_note(base, results[base]),
         f"The raw ceiling (plain asyncpg, uvloop, sequential batches of {CEILING_BATCH:,}) runs "
         f"after the engine in the same run, on the {base.label} database emptied (TRUNCATE) and "
         "vacuumed. `ANALYZE executions` runs, untimed, before its claim and before its complete "
