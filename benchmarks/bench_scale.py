@@ -27,7 +27,8 @@ of an earlier run (freed memory stays with a Python process and would be reused)
 
 Targets (issue #8), for N = 1,000,000 on a 2-core machine with PostgreSQL on it: RSS with
 every schedule loaded <= 400 MB, cold load <= 15 s. Several sizes run smallest first
-(``--schedules 1000000 5000000``); each runs only if the memory it would need, estimated from
+(by default ``--schedules 1000000 5000000``: the issue asks for 5M "if memory allows"), the
+burst at the smallest only; each runs only if the memory it would need, estimated from
 the bytes per schedule measured at a smaller size of the same invocation (else
 ``BYTES_PER_SCHEDULE_PRIOR``), fits in MemAvailable with headroom; otherwise the report says
 it was skipped and why.
@@ -95,6 +96,7 @@ from engine.model import HandlerKind, TaskType
 from engine.node import Node
 
 TARGET_SCHEDULES: Final = 1_000_000
+SIZES_DEFAULT: Final = (TARGET_SCHEDULES, 5_000_000)
 LOAD_TARGET_S: Final = 15.0
 RSS_TARGET_MB: Final = 400.0
 DATABASE_PREFIX: Final = "carillon_scale_"
@@ -357,7 +359,11 @@ def fits(total: int, bytes_per_schedule: float, measured_at: int | None) -> str 
 
 
 def header(args: argparse.Namespace, load_averages: tuple[float, float]) -> list[str]:
-    burst = f"{args.burst:,} of them due at one instant T" if args.burst else "no burst"
+    burst = "no burst"
+    if args.burst:
+        burst = f"{args.burst:,} of them due at one instant T"
+        if len(args.schedules) > 1:
+            burst += f" at {min(args.schedules):,} (none at the larger sizes)"
     return [
         "## Scale: one node, a million schedules (`benchmarks/bench_scale.py`)",
         "",
@@ -366,7 +372,8 @@ def header(args: argparse.Namespace, load_averages: tuple[float, float]) -> list
         f"each run, {args.partitions} partitions, schedules over {TENANTS} "
         f"tenants (`H` expressions in four zones, spread over the hour), {burst}; created by "
         f"{CREATORS} processes; PostgreSQL on the same machine. Steady state: "
-        f"{args.steady:.0f} s after the burst has run, planner lag sampled every "
+        f"{args.steady:.0f} s after the load (and the burst, where there is one), planner lag "
+        "sampled every "
         f"{LAG_SAMPLE_S:.0f} s per partition. MB = 2^20 bytes. A target is met when the "
         "median over the runs meets it. Load average (1 min) "
         f"{load_averages[0]:.2f} at the start, {load_averages[1]:.2f} at the end.",
@@ -403,8 +410,13 @@ def save_results(args: argparse.Namespace, measured: dict[int, list[dict[str, fl
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run; docs are not written")
-    parser.add_argument("--schedules", type=int, nargs="+", default=[TARGET_SCHEDULES])
-    parser.add_argument("--burst", type=int, default=200_000, help="schedules due at T; 0: none")
+    parser.add_argument("--schedules", type=int, nargs="+", default=list(SIZES_DEFAULT))
+    parser.add_argument(
+        "--burst",
+        type=int,
+        default=200_000,
+        help="schedules due at T at the smallest size; 0: none",
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--steady", type=float, default=60.0, help="seconds of steady state")
     parser.add_argument("--partitions", type=int, default=64)
@@ -419,7 +431,10 @@ def main() -> int:
     load_at_start = os.getloadavg()[0]
     with resolve_database() as database:
         for total in sorted(args.schedules):
-            burst = min(args.burst, total)
+            # The burst at the smallest size only: it measures planning ahead, which does not
+            # change with the schedules around it, and at 5M its T would come ~9 min after the
+            # start of the run (the schedules are created first), tripling the run's length.
+            burst = min(args.burst, total) if total == min(args.schedules) else 0
             skipped = fits(total, bytes_per_schedule, measured_at)
             if skipped is not None:
                 if len(args.schedules) > 1:
