@@ -1,4 +1,4 @@
-"""The burst benchmark's CPU budget: per-execution CPU and the rate the cores allow."""
+"""Benchmark figures: the burst's CPU budget per execution, the scale report's catch-up note."""
 
 from __future__ import annotations
 
@@ -53,3 +53,14 @@ def test_the_bound_is_the_cores_divided_by_the_cpu_one_execution_costs() -> None
 
 def test_no_executions_give_no_figures() -> None:
     assert cpu_figures(CpuSample(1.0, 1.0), CpuSample(2.0, 2.0), 0) == {}
+
+
+def test_a_size_whose_planners_stayed_behind_says_its_steady_rows_are_a_catch_up() -> None:
+    from benchmarks.bench_scale import catch_up_note
+
+    behind = [{"lag_p50_s": 220.0}, {"lag_p50_s": 203.0}, {"lag_p50_s": 238.0}]
+    note = " ".join(catch_up_note(behind, 60.0))
+    assert "Not a steady state" in note
+    assert "220 s" in note
+    assert catch_up_note([{"lag_p50_s": 0.0}] * 3, 60.0) == []
+    assert catch_up_note([{}], 60.0) == []
