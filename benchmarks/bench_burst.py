@@ -24,7 +24,10 @@ Reported per variant, from the ledger (``_burst.ledger_figures``): lead before T
 all succeeded, executions/s end to end, start delay p50/p99/max, the share started within
 60 s (the SLO figure), Jain's index of the tenants' mean delays, the contended period (T until
 the first tenant's last start) with each tenant's share of its starts and Jain's index of
-share / weight share, peak RSS, duplicates (must be 0); the starts per second since T.
+share / weight share, peak RSS, duplicates (must be 0); the starts per second since T. For
+the one-node variants that are not paced, the CPU each execution cost from T until all had
+succeeded, in this process and in PostgreSQL (``benchmarks/_cpu.py``), and the rate the
+machine's cores would allow at that cost.
 
 In the same run, after the first variant, the raw ceiling for the same ledger writes: plain
 asyncpg on a uvloop loop (no trio, no bridge, no engine), the executions table emptied and

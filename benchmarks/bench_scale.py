@@ -15,9 +15,9 @@ bridge, 64 partitions) and reports:
   N -- an estimate;
 * the burst (``--burst``, 0 for none): how long planning the M executions took and how long
   before T the last was durable;
-* steady state, after the burst has run: CPU of the node's process, executions planned per
-  second, their start delay p99 (the node runs ``STARTS_SETTLE_S`` past the window so that
-  its last fires can start), and each partition's planner lag (the
+* steady state, after the load and the burst (if any) have run: CPU of the node's process,
+  executions planned per second, their start delay p99 (the node runs ``STARTS_SETTLE_S``
+  past the window so that its last fires can start), and each partition's planner lag (the
   ``carillon_planner_lag_seconds`` gauges, computed by :func:`engine.metrics.node_gauges`)
   sampled every second: p50, p99 and max over partitions x seconds.
 
