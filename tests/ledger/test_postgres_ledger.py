@@ -52,6 +52,7 @@ from engine.ledger.database import url_with_database
 from engine.ledger.postgres import PostgresLedger, migrate_database, open_postgres_ledger
 from engine.ledger.postgres.caps import cap_lock_key
 from engine.ledger.postgres.sql import AUDIT_LOCK_KEY, CAP_LOCK_SPACE
+from engine.ledger.postgres.store import statistics_stale
 from engine.model import ExecutionStatus, HandlerKind, Schedule, TaskType, Tenant, execution_id
 from tests.ledger.backends import ids_in_partition, put_noop_task_type, schedule, sql
 
@@ -635,6 +636,40 @@ async def test_a_delete_waiting_on_a_trigger_skips_what_it_added(
             ExecutionStatus.SKIPPED,
             "schedule_deleted",
         )
+
+
+# --- query planner statistics -------------------------------------------------------------------
+
+
+async def test_a_plan_refreshes_the_statistics_of_a_schedules_table_never_analyzed(
+    url: str,
+) -> None:
+    """Autovacuum is off on some servers (and slow on others): schedules created in bulk into a
+    never-analyzed table must not leave every plan's advance hash-joining the whole table."""
+    stats = (
+        "SELECT c.reltuples, s.last_analyze FROM pg_class AS c "
+        "JOIN pg_stat_user_tables AS s ON s.relid = c.oid WHERE c.oid = 'schedules'::regclass"
+    )
+    sids = ids_in_partition(3, 200)
+    async with open_postgres_ledger(url) as ledger:
+        await ledger.schedules_create(SchedulesCreate([schedule(sid) for sid in sids]))
+        [(reltuples, last_analyze)] = await sql(url, stats)
+        assert (reltuples, last_analyze) == (-1, None)  # as the migration left it
+        fence = await own(ledger, 3)
+        at = (await ledger.database_now()).replace(microsecond=0)
+        await ledger.executions_plan(plan_one(fence, sids[0], at))
+        [(reltuples, last_analyze)] = await sql(url, stats)
+        assert reltuples == len(sids)
+        assert last_analyze is not None
+        # Checked at most once a minute: the next plan does not ask again.
+        await ledger.executions_plan(plan_one(fence, sids[1], at))
+        assert (await sql(url, stats))[0][1] == last_analyze
+
+
+def test_schedules_statistics_are_stale_by_autovacuums_default_analyze_rule() -> None:
+    assert statistics_stale(-1, 0)
+    assert not statistics_stale(1_000_000, 100_050)
+    assert statistics_stale(1_000_000, 100_051)
 
 
 # --- availability -----------------------------------------------------------------------------

@@ -88,6 +88,7 @@ async def executions_plan(store: Store, params: ExecutionsPlan) -> PlanResult:
     ids = [execution_id(fire.schedule_id, fire.planned_at) for fire in planned]
 
     inserted: list[str] = []
+    await store.check_schedules_statistics()
     async with store.transaction() as connection:
         await require_fences(connection, [fence])
         if planned:

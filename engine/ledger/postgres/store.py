@@ -14,7 +14,9 @@ most one :class:`~engine.errors.LedgerUnavailable` per operation in flight.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Final, TypeVar
@@ -40,6 +42,24 @@ CONTROL_POOL_SIZE: Final = 2
 
 
 ANALYZE_AFTER_ROWS: Final = 50_000
+SCHEDULES_STATISTICS_CHECK_S: Final = 60.0
+"""How often a node asks whether the schedules table's statistics are stale (one small read)."""
+
+SCHEDULES_STATISTICS: Final = """
+SELECT c.reltuples, s.n_mod_since_analyze
+FROM pg_class AS c JOIN pg_stat_user_tables AS s ON s.relid = c.oid
+WHERE c.oid = 'schedules'::regclass
+"""
+"""The planner's row count of the schedules table (-1: never analyzed) and the rows changed
+since its last analysis."""
+
+
+def statistics_stale(reltuples: float, modified: int) -> bool:
+    """Autovacuum's analyze rule with its default settings (50 rows + 10 % of the table), for
+    a server on which it is off or has not come round yet; a table never analyzed
+    (``reltuples`` -1) is always stale (the count of changed rows may not have been
+    reported yet, and analyzing a small table costs next to nothing)."""
+    return reltuples < 0 or modified > 50 + 0.1 * reltuples
 
 
 class Store:
@@ -57,6 +77,7 @@ class Store:
         self.control = control or pool
         self.partition_count = partition_count
         self._planned_unanalyzed = 0
+        self._schedules_checked_at = -math.inf
 
     async def note_planned(self, rows: int) -> None:
         """Count executions this process inserted, and refresh the executions table's
@@ -74,6 +95,27 @@ class Store:
         with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
             async with self.connection() as connection:
                 await connection.execute("ANALYZE executions")
+
+    async def check_schedules_statistics(self) -> None:
+        """Refresh the schedules table's statistics when they are stale, at most every
+        :data:`SCHEDULES_STATISTICS_CHECK_S`. Schedules created in bulk (an import, a
+        benchmark) into a table never analyzed leave the query planner guessing its size
+        from nothing: it then hash-joins a plan's batch against the whole table instead of
+        probing the primary key (measured at 5,000,000 schedules: 2.9 s per 5,000-row advance
+        instead of 0.1 s, spilling to disk). Autovacuum would fix that within a minute or so
+        where it runs; this does it where it is off or has not come round yet."""
+        now = asyncio.get_running_loop().time()
+        if now - self._schedules_checked_at < SCHEDULES_STATISTICS_CHECK_S:
+            return
+        self._schedules_checked_at = now
+        # Best effort, like note_planned: stale statistics only cost speed.
+        with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+            async with self.connection() as connection:
+                row = await connection.fetchrow(SCHEDULES_STATISTICS)
+                if row is not None and statistics_stale(
+                    row["reltuples"], row["n_mod_since_analyze"]
+                ):
+                    await connection.execute("ANALYZE schedules")
 
     async def run(self, op: Callable[[Store, P], Awaitable[T]], params: P) -> T:
         """Run one operation, translating failures and retrying aborted transactions."""
