@@ -661,7 +661,7 @@ async def test_a_plan_refreshes_the_statistics_of_a_schedules_table_never_analyz
         [(reltuples, last_analyze)] = await sql(url, stats)
         assert reltuples == len(sids)
         assert last_analyze is not None
-        # Checked at most once a minute: the next plan does not ask again.
+        # Fresh now (one schedule advanced since): the next plan analyzes nothing.
         await ledger.executions_plan(plan_one(fence, sids[1], at))
         assert (await sql(url, stats))[0][1] == last_analyze
 
