@@ -47,6 +47,12 @@ def postgres_cpu_s(proc: Path = PROC) -> float | None:
     return total if seen else None
 
 
+def cpu_s() -> float:
+    """User + system seconds this process has used so far, all its threads."""
+    times = os.times()
+    return times.user + times.system
+
+
 def cores() -> int:
     """The cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -59,8 +65,7 @@ class CpuSample:
 
     @classmethod
     def now(cls) -> CpuSample:
-        times = os.times()
-        return cls(times.user + times.system, postgres_cpu_s())
+        return cls(cpu_s(), postgres_cpu_s())
 
 
 def cpu_figures(before: CpuSample, after: CpuSample, executions: int) -> dict[str, float]:

@@ -61,6 +61,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import _plots
+from benchmarks._cpu import cpu_s
 from benchmarks._report import (
     image_link,
     machine,
@@ -74,7 +75,6 @@ from benchmarks._scale import (
     MB,
     STARTS_SETTLE_S,
     TENANTS,
-    cpu_s,
     database_figures,
     make_schedules,
     mem_available_mb,

@@ -45,12 +45,12 @@ ANALYZE_AFTER_ROWS: Final = 50_000
 SCHEDULES_STATISTICS_CHECK_S: Final = 60.0
 """How often a node asks whether the schedules table's statistics are stale (one small read)."""
 
-SCHEDULES_STATISTICS: Final = """
+TABLE_STATISTICS: Final = """
 SELECT c.reltuples, s.n_mod_since_analyze
 FROM pg_class AS c JOIN pg_stat_user_tables AS s ON s.relid = c.oid
-WHERE c.oid = 'schedules'::regclass
+WHERE c.oid = $1::regclass
 """
-"""The planner's row count of the schedules table (-1: never analyzed) and the rows changed
+"""The query planner's row count of table ``$1`` (-1: never analyzed) and the rows changed
 since its last analysis."""
 
 
@@ -91,10 +91,7 @@ class Store:
         if self._planned_unanalyzed < ANALYZE_AFTER_ROWS:
             return
         self._planned_unanalyzed = 0
-        # Best effort: the plan is committed already, and stale statistics only cost speed.
-        with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
-            async with self.connection() as connection:
-                await connection.execute("ANALYZE executions")
+        await self._analyze("executions")  # the plan is committed already
 
     async def check_schedules_statistics(self) -> None:
         """Refresh the schedules table's statistics when they are stale, at most every
@@ -108,14 +105,21 @@ class Store:
         if now - self._schedules_checked_at < SCHEDULES_STATISTICS_CHECK_S:
             return
         self._schedules_checked_at = now
-        # Best effort, like note_planned: stale statistics only cost speed.
+        await self._analyze("schedules", if_stale=True)
+
+    async def _analyze(self, table: str, *, if_stale: bool = False) -> None:
+        """``ANALYZE table`` (when ``if_stale``, only if :func:`statistics_stale` says so).
+        Best effort: stale statistics only cost speed, so a failure here must not fail the
+        write that asked for it."""
         with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
             async with self.connection() as connection:
-                row = await connection.fetchrow(SCHEDULES_STATISTICS)
-                if row is not None and statistics_stale(
-                    row["reltuples"], row["n_mod_since_analyze"]
-                ):
-                    await connection.execute("ANALYZE schedules")
+                if if_stale:
+                    row = await connection.fetchrow(TABLE_STATISTICS, table)
+                    if row is None or not statistics_stale(
+                        row["reltuples"], row["n_mod_since_analyze"]
+                    ):
+                        return
+                await connection.execute(f"ANALYZE {table}")
 
     async def run(self, op: Callable[[Store, P], Awaitable[T]], params: P) -> T:
         """Run one operation, translating failures and retrying aborted transactions."""
