@@ -74,12 +74,23 @@ def find_binaries() -> Path:
     )
 
 
+_HANDED_OUT: set[int] = set()
+"""Ports :func:`free_port` returned in this process: the kernel may hand the same free port
+to two ``bind(0)`` calls in a row once the first socket is closed, and a replicated pair
+asks for both of its ports before either server listens (it happened: "Address already in
+use" for the standby)."""
+
+
 def free_port() -> int:
-    """A TCP port of 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port of 127.0.0.1 that nothing listens on right now and that no earlier call of
+    this process returned."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def accepts_connections(port: int, timeout_s: float = 0.5) -> bool:

@@ -16,6 +16,7 @@ from simulations.chaos.checks import (
     fence_violations,
     lease_epochs,
 )
+from simulations.chaos.postgres import free_port
 from simulations.chaos.workload import ScheduleSpec, execution_id, parse_execution_id
 from simulations.chaos.zombie import ZombieRecord, check_zombie
 
@@ -149,3 +150,10 @@ def test_requests_sent_after_their_attempt_lease_are_violations_unless_in_flight
     frozen = Freeze("z", 109.2, in_flight_max=0)
     figures, _ = check_handler_starts(deliveries, attempts, {key: 0, other: 0}, epochs, frozen)
     assert _verdicts(figures)["late requests of the frozen node (begun before)"] is False
+
+
+def test_free_ports_are_never_handed_out_twice_in_one_process() -> None:
+    # A replicated pair picks both servers' ports before either listens; the kernel once
+    # offered the same closed port twice and the standby could not bind.
+    ports = [free_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports)
