@@ -4,8 +4,8 @@ Design
 ------
 Three kinds of task share a :class:`~engine.core.fair_queue.FairQueue`:
 
-* **fetch** -- at each instant something was announced for (the planner announces what it
-  planned, workers announce retries; ``fetch_ahead_s`` early) and at least every
+* **fetch** -- ahead of each instant something was announced for (the planner announces every
+  instant it planned, workers announce retries; ``fetch_ahead_s`` early) and at least every
   ``fetch_interval_s``, it reads the startable executions of the owned partitions
   (``executions_due``, by the database-corrected clock) and queues those it does not hold
   yet. Through a backlog it pages with a keyset cursor (the *pass*, every tenant in the
@@ -36,6 +36,7 @@ startable) is simply forgotten; the ledger stays the source of truth.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import logging
 import math
@@ -79,6 +80,12 @@ instant (:meth:`Dispatcher.request_fetch`), so this only catches what nobody ann
 (replays, re-queued attempts, executions of a partition just taken over)."""
 FETCH_AHEAD_S_DEFAULT: Final = 2.0
 CLAIM_BATCH_DEFAULT: Final = 500
+ANNOUNCE_GRAIN_US: Final = 100_000
+ANNOUNCED_MAX: Final = 4_096
+"""Distinct announced instants the dispatcher keeps a fetch for. Cron instants fall on whole
+seconds and planners write a few seconds ahead, so a handful are pending at a time; beyond
+the bound the latest are dropped (counted in ``announcements_dropped``) and the fallback
+interval fetches them."""
 PACE_TICK_S: Final = 0.02
 """With a node rate, starts are admitted in ticks of this length (100 at 5,000/s): one claim
 per tick instead of one per start, which capped a paced node at a few hundred a second."""
@@ -124,6 +131,8 @@ class DispatcherStatistics(msgspec.Struct, frozen=True):
     """Held now (``buffer_one``), waiting for their schedule's run to finish."""
     overlap_deferred: int = 0
     """Left in the ledger because their schedule could not be read (retried on a later fetch)."""
+    announcements_dropped: int = 0
+    """Announced instants beyond :data:`ANNOUNCED_MAX`, left to the fallback fetch."""
 
 
 class Dispatcher:
@@ -180,7 +189,10 @@ class Dispatcher:
         """While the dispatch loop waits for room in the worker pool: how much it waits for."""
         self._claiming = 0
         """Admitted executions of batches being claimed: they will need a worker too."""
-        self._fetch_at: datetime | None = None
+        self._announced: list[datetime] = []
+        """When to fetch for the work announced so far (its instants less ``fetch_ahead_s``):
+        sorted, distinct, at most :data:`ANNOUNCED_MAX`."""
+        self._announced_dropped = 0
         self._fetch_ahead = timedelta(seconds=config.fetch_ahead_s)
         self._backlog = False
         """The last fetch returned a full page: more is startable than the queue holds."""
@@ -195,12 +207,29 @@ class Dispatcher:
 
     def request_fetch(self, at: datetime) -> None:
         """Fetch in time for ``at`` (when something becomes startable then): ``fetch_ahead_s``
-        before it, so it is queued, with its schedule read, when its instant comes."""
-        at -= self._fetch_ahead
+        before it, so it is queued, with its schedule read, when its instant comes.
+
+        Every announced instant gets its fetch: a fetch reads only what is startable within
+        ``fetch_ahead_s``, so keeping just the earliest announcement left the later
+        instants of a planner's batch to the fallback interval (fires up to
+        ``fetch_interval_s`` late in a steady state)."""
+        fetch_at = at - self._fetch_ahead
+        # Up to the next tenth of a second: a fetch then still reads ``at`` (it reads what is
+        # startable within fetch_ahead_s), and jittered retry instants share fetches.
+        fetch_at += timedelta(microseconds=-fetch_at.microsecond % ANNOUNCE_GRAIN_US)
         self._pass_closed_until = -math.inf  # the new work may be a tenant's not queued yet
-        if self._fetch_at is None or at < self._fetch_at:
-            self._fetch_at = at
-            self._wake.set()
+        announced = self._announced
+        if announced and announced[0] <= fetch_at and fetch_at <= self._monitor.now():
+            return  # a fetch is due already, and reads this too
+        index = bisect.bisect_left(announced, fetch_at)
+        if index < len(announced) and announced[index] == fetch_at:
+            return
+        announced.insert(index, fetch_at)
+        if len(announced) > ANNOUNCED_MAX:
+            announced.pop()  # the latest: the fallback interval fetches it at the latest
+            self._announced_dropped += 1
+        if index == 0:
+            self._wake.set()  # sooner than the fetch loop means to wake
 
     def finished(self, execution: Execution) -> None:
         """A worker is done with ``execution``: free its slot for the next one, and release
@@ -257,6 +286,7 @@ class Dispatcher:
             overlap_skipped=self.overlap.skipped,
             overlap_held=self.overlap.held,
             overlap_deferred=self.overlap.deferred,
+            announcements_dropped=self._announced_dropped,
         )
 
     async def fetch(self) -> int:
@@ -495,9 +525,11 @@ class Dispatcher:
 
     async def _fetch_loop(self) -> None:
         while True:
+            # This fetch reads what is startable within fetch_ahead_s from now: it answers
+            # every announcement due by now (and, when it fails, the fallback interval does).
             now = self._monitor.now()
-            if self._fetch_at is not None and self._fetch_at <= now:
-                self._fetch_at = None
+            announced = self._announced
+            del announced[: bisect.bisect_right(announced, now)]
             try:
                 if self._clock.monotonic() >= self._settings_due:
                     await self.refresh_settings()
@@ -508,11 +540,20 @@ class Dispatcher:
                         self._nudge()
             except CarillonError as exc:
                 log.warning("fetching due executions failed: %s", exc)
-            wait_s = self.config.fetch_interval_s
-            if self._fetch_at is not None:
-                wait_s = min(wait_s, max((self._fetch_at - now).total_seconds(), 0.0))
-            if self._wants_more():
-                wait_s = 0.0  # more is startable in the ledger and the queue is running low
+            await self._wait_for_fetch()
+
+    async def _wait_for_fetch(self) -> None:
+        """Until the next fetch is due: the earliest announcement's time, the fallback
+        interval, or at once while more is startable in the ledger and the queue runs low.
+        An announcement for later only moves the wake-up; it does not fetch now."""
+        fallback_at = self._clock.monotonic() + self.config.fetch_interval_s
+        while not self._wants_more():
+            wait_s = fallback_at - self._clock.monotonic()
+            if self._announced:
+                ahead_s = (self._announced[0] - self._monitor.now()).total_seconds()
+                wait_s = min(wait_s, ahead_s)
+            if wait_s <= 0:
+                return
             self._wake = trio.Event()
             with trio.move_on_after(wait_s):
                 await self._wake.wait()

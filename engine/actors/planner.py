@@ -277,8 +277,10 @@ class Planner:
         self._checkpoint = checkpoint
         self._publish()
         self._count(executions, queued, now)
-        if queued:
-            self._on_planned(min(queued))  # the dispatcher fetches them when they are due
+        # The dispatcher fetches them when they are due: every instant of the batch, which
+        # may span the whole lookahead (its first alone left the rest to the fallback fetch).
+        for planned_at in sorted(set(queued)):
+            self._on_planned(planned_at)
         return handled
 
     def statistics(self) -> PlannerStatistics:

@@ -10,6 +10,7 @@ import pytest
 import trio
 import trio.testing
 
+from engine.actors.dispatcher import ANNOUNCED_MAX
 from engine.actors.lease_keeper import HAND_BACK_DRAIN_S
 from engine.ledger.base import TaskTypesPut
 from engine.model import CatchUpPolicy, ExecutionStatus, HandlerKind, Schedule, TaskType
@@ -478,3 +479,36 @@ async def test_a_node_shutting_down_mid_burst_lets_its_running_attempts_finish_f
     assert all(e.status is ExecutionStatus.SUCCEEDED for e in executions)
     assert [e.execution_id for e in executions if e.attempt != 1] == []
     assert max(probe_handlers.RUNS.values()) == 1
+
+
+async def test_fires_spread_over_the_lookahead_start_at_their_instant_not_at_the_next_fallback(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Five schedules a second apart, each in its own planner's batch: each batch is announced
+    # while an earlier fetch is still pending. The dispatcher kept only the earliest pending
+    # announcement, so the last fire waited for the fallback fetch (2 s late every minute).
+    schedules = make_schedules(5, START, lambda n: (f"{n} * * * * *", "UTC"))
+    async with cluster() as c:
+        await create(c.ledger, schedules)
+        await c.start_node("n1")
+        await trio.sleep(5 * 60)
+    started = [e for e in await all_executions(c.ledger) if e.started_at is not None]
+    assert len(started) >= 5 * 4
+    late_s = max((e.started_at - e.planned_at).total_seconds() for e in started)
+    assert 0 <= late_s < 0.1
+
+
+async def test_announced_instants_are_bounded_and_the_overflow_is_counted(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with cluster() as c:
+        sim = await c.start_node("n1")
+        dispatcher = sim.node.dispatcher
+        soon = (c.db_clock.now() + timedelta(minutes=10)).replace(microsecond=0)
+        # Retry instants carry jitter: those within a tenth of a second share one fetch.
+        for n in range(ANNOUNCED_MAX + 100):
+            dispatcher.request_fetch(soon + timedelta(seconds=n / 10))
+            dispatcher.request_fetch(soon + timedelta(seconds=n / 10, milliseconds=-30))
+        # The last 100 tenths did not fit: both announcements of each were dropped.
+        assert dispatcher.statistics().announcements_dropped == 2 * 100
+        sim.scope.cancel()
