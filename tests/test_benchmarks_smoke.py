@@ -31,12 +31,20 @@ class SmokeRun:
 
 
 @pytest.fixture(scope="module")
-def smoke_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SmokeRun]]:
+def smoke_runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, SmokeRun]]:
+    """The selected benchmarks' smoke runs, started together."""
+    selected = {
+        item.callspec.params["script"]
+        for item in request.session.items
+        if item.nodeid.startswith(request.node.nodeid) and hasattr(item, "callspec")
+    }
     logs = tmp_path_factory.mktemp("bench-smoke")
     deadline = time.monotonic() + SMOKE_TIMEOUT_S
     runs: dict[str, SmokeRun] = {}
     try:
-        for script in BENCHMARKS:
+        for script in (script for script in BENCHMARKS if script in selected):
             stdout, stderr = logs / f"{script.stem}.out", logs / f"{script.stem}.err"
             # Files, not pipes: nobody reads a run's output until its test comes up.
             with stdout.open("wb") as out, stderr.open("wb") as err:

@@ -486,7 +486,7 @@ async def test_fires_spread_over_the_lookahead_start_at_their_instant_not_at_the
 ) -> None:
     # Five schedules a second apart, each in its own planner's batch: each batch is announced
     # while an earlier fetch is still pending. The dispatcher kept only the earliest pending
-    # announcement, so the last fire waited for the fallback fetch (2 s late every minute).
+    # announcement, so a later fire waited for the next fetch (1 s late every minute).
     schedules = make_schedules(5, START, lambda n: (f"{n} * * * * *", "UTC"))
     async with cluster() as c:
         await create(c.ledger, schedules)
