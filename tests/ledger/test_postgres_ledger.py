@@ -10,6 +10,7 @@ only: a MockClock would fire timeouts while a query is in flight.
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import socket
 from collections.abc import AsyncIterator
@@ -49,8 +50,14 @@ from engine.ledger.base import (
 )
 from engine.ledger.bridge import DatabaseBridge
 from engine.ledger.database import url_with_database
-from engine.ledger.postgres import PostgresLedger, migrate_database, open_postgres_ledger
+from engine.ledger.postgres import (
+    PostgresLedger,
+    migrate_database,
+    open_postgres_ledger,
+    sql_executions,
+)
 from engine.ledger.postgres.caps import cap_lock_key
+from engine.ledger.postgres.rows import int_array, text_array, timestamptz_array
 from engine.ledger.postgres.sql import AUDIT_LOCK_KEY, CAP_LOCK_SPACE
 from engine.ledger.postgres.store import statistics_stale
 from engine.model import ExecutionStatus, HandlerKind, Schedule, TaskType, Tenant, execution_id
@@ -766,3 +773,105 @@ async def test_an_unreachable_server_is_unavailable_at_open() -> None:
     with pytest.raises(LedgerUnavailable):
         async with open_postgres_ledger(f"postgresql://postgres@127.0.0.1:{port}/x"):
             pass
+
+
+async def explain_plans(url: str, statement: str, *args: Any) -> dict[str, Any]:
+    """The plan of ``statement`` with ``args`` as a custom and as a generic plan, without
+    running it (a prepared statement switches to the generic plan after five runs)."""
+
+    async def explain() -> dict[str, Any]:
+        connection = await asyncpg.connect(url, timeout=10)
+        try:
+            plans = {}
+            for mode in ("force_custom_plan", "force_generic_plan"):
+                await connection.execute(f"SET plan_cache_mode = {mode}")
+                text = await connection.fetchval(f"EXPLAIN (FORMAT JSON) {statement}", *args)
+                plans[mode] = json.loads(text)[0]["Plan"]
+            return plans
+        finally:
+            await connection.close()
+
+    return await trio.to_thread.run_sync(asyncio.run, explain())
+
+
+def indexes_reading(plan: dict[str, Any], relation: str) -> list[str]:
+    """How each scan of ``relation`` in the plan reads it: its indexes, or its node type."""
+    found = []
+    if plan.get("Relation Name") == relation and plan["Node Type"] != "ModifyTable":
+        if plan["Node Type"] == "Bitmap Heap Scan":
+            found += bitmap_indexes(plan)
+        else:
+            found.append(plan.get("Index Name", plan["Node Type"]))
+    for child in plan.get("Plans", []):
+        if plan["Node Type"] != "Bitmap Heap Scan":
+            found += indexes_reading(child, relation)
+    return found
+
+
+def bitmap_indexes(plan: dict[str, Any]) -> list[str]:
+    found = [plan["Index Name"]] if "Index Name" in plan else []
+    for child in plan.get("Plans", []):
+        found += bitmap_indexes(child)
+    return found
+
+
+async def test_claims_and_completions_find_their_batch_by_key_whatever_the_statistics(
+    url: str,
+) -> None:
+    """Statistics taken while few executions ran or waited must not send a claim or a
+    completion through a partial index on the status: a batch then read every running or
+    waiting execution (and each dead entry a burst leaves behind), and starts crawled in
+    the minute after a burst. (The history makes a scan of the table the costlier plan.)"""
+    rows = 20_000
+    await sql(
+        url,
+        "UPDATE partition_leases SET owner_id = 'node-a', fencing_token = 1, "
+        "expires_at = now() + interval '1 hour'",
+    )
+    insert = (
+        "INSERT INTO executions (execution_id, schedule_id, tenant_id, task_type, "
+        "partition_id, planned_at, status, attempt, enqueued_at, finished_at) "
+        "SELECT $1 || g, $1 || g, 'acme', 'noop', g % 8, now() - interval '1 minute', "
+        "$2, 1, now(), CASE WHEN $2 = 'succeeded' THEN now() END "
+        "FROM generate_series(1, $3::integer) AS g"
+    )
+    await sql(url, insert, "history-", "succeeded", 5 * rows)
+    await sql(url, insert, "running-", "succeeded", rows)
+    await sql(url, "ANALYZE executions")  # nothing running, nothing waiting
+    await sql(url, insert, "waiting-", "queued", rows)
+    await sql(
+        url,
+        "UPDATE executions SET status = 'running', attempt_expires_at = now() + interval '1 hour'"
+        " WHERE execution_id LIKE 'running-%'",
+    )
+    partitions, owners, tokens = list(range(PARTITIONS)), ["node-a"] * PARTITIONS, [1] * PARTITIONS
+    batch = 1_000
+    completed = [f"running-{n}" for n in range(1, batch + 1)]
+    completion = await explain_plans(
+        url,
+        sql_executions.EXECUTIONS_COMPLETE,
+        text_array(completed),
+        int_array([1] * batch),
+        text_array(["succeeded"] * batch),
+        timestamptz_array([None] * batch),
+        text_array([None] * batch),
+        text_array([None] * batch),
+        partitions,
+        owners,
+        tokens,
+    )
+    claim = await explain_plans(
+        url,
+        sql_executions.EXECUTIONS_CLAIM,
+        [f"waiting-{n}" for n in range(1, batch + 1)],
+        60.0,
+        "node-a",
+        partitions,
+        owners,
+        tokens,
+    )
+    # Before, the completion read executions_running_task_type_idx, the claim
+    # executions_startable_idx: each batch then cost as much as everything running or waiting.
+    for plans in (completion, claim):
+        for plan in plans.values():
+            assert indexes_reading(plan, "executions") == ["executions_pkey"]

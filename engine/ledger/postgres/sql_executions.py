@@ -39,14 +39,47 @@ LIMIT $3
 """``EXECUTIONS_DUE`` for one tenant: a range scan of executions_tenant_startable_idx
 (migrations/0005_due_by_tenant.sql) instead of reading past every other tenant's backlog."""
 
-_CLAIM_UPDATE: Final = """
+# Statements that write executions named by id find them by primary key, whatever the
+# statistics say. Two habits keep the planner there:
+#
+# - The status is tested as ``e.status || ''``. No partial index's predicate (status =
+#   'running', status IN ('queued', 'failed')) can be proven from that expression, so those
+#   indexes are out of the running. Statistics taken mid-burst once made a completion
+#   hash-join its batch against every running execution, read through
+#   executions_running_task_type_idx and the dead entries a burst leaves in it: each batch
+#   cost O(running) instead of O(batch), and the first whole minute after a 200,000 burst
+#   crawled (docs/ledger.md, "Dead row versions after a burst").
+# - The fencing token comes from the arrays by position, not from a join with their unnest:
+#   the planner, expecting one row, re-ran that 64-row unnest for every execution (measured:
+#   9 us a row, most of a claim's or completion's join).
+
+
+def status_test(statuses: str) -> str:
+    """``e``'s status among ``statuses`` (an SQL list, ``'running'`` or ``'queued', 'failed'``),
+    in a form no partial index applies to (see above)."""
+    return f"e.status || '' IN ({statuses})"
+
+
+def fenced_partition(partitions: int) -> str:
+    """``e`` is in one of the fenced partitions, parameter ``$partitions``."""
+    return f"e.partition_id = ANY(${partitions}::integer[])"
+
+
+def fenced_token(partitions: int, tokens: int) -> str:
+    """The caller's fencing token for ``e``'s partition, from the parallel arrays."""
+    return f"(${tokens}::bigint[])[array_position(${partitions}::integer[], e.partition_id)]"
+
+
+def claim_update(partitions: int, tokens: int) -> str:
+    """The claim's effect; every claim statement passes the ids in ``$1``, the attempt lease
+    in ``$2`` and the node in ``$3``, and the fences' partitions and tokens as given."""
+    return f"""
 UPDATE executions AS e
 SET status = 'running', attempt = e.attempt + 1, started_at = now(), finished_at = NULL,
     attempt_expires_at = now() + make_interval(secs => $2), not_before = NULL,
-    error_code = NULL, error_message = NULL, fencing_token = f.fencing_token, claimed_by = $3
+    error_code = NULL, error_message = NULL, fencing_token = {fenced_token(partitions, tokens)},
+    claimed_by = $3
 """
-"""The claim's effect, for an UPDATE joined to the fences as ``f``; every claim statement
-passes the ids in ``$1``, the attempt lease in ``$2`` and the node in ``$3``."""
 
 
 def fence_cte(partitions: int, owners: int, tokens: int) -> str:
@@ -55,9 +88,10 @@ def fence_cte(partitions: int, owners: int, tokens: int) -> str:
     ``holding``, their partitions), given the parameter numbers of the partition, owner and
     token arrays. A statement built on it writes only if ``held.fences_held`` equals the
     number of fences passed, and returns ``held`` with its rows so the caller can tell
-    (:func:`engine.ledger.postgres.fencing.check_held`). The write itself joins the token
-    array, not ``fence``: the planner takes a CTE for one row, and with ``fence`` as the
-    outer side it re-scanned the batch's ids once per partition (measured: 4x slower)."""
+    (:func:`engine.ledger.postgres.fencing.check_held`). The write itself takes its tokens
+    from the arrays (:func:`fenced_token`), not from ``fence``: the planner takes a CTE for
+    one row, and with ``fence`` as the outer side it re-scanned the batch's ids once per
+    partition (measured: 4x slower)."""
     return f"""fence AS (
     SELECT l.partition_id, l.fencing_token
     FROM partition_leases AS l
@@ -73,12 +107,11 @@ def fence_cte(partitions: int, owners: int, tokens: int) -> str:
 
 
 EXECUTIONS_CLAIM: Final = f"""
-WITH {fence_cte(4, 5, 6)}, claimed AS ({_CLAIM_UPDATE}
-    FROM unnest($4::integer[], $6::bigint[]) AS f (partition_id, fencing_token)
+WITH {fence_cte(4, 5, 6)}, claimed AS ({claim_update(4, 6)}
     WHERE e.execution_id = ANY($1::text[])
-      AND e.partition_id = f.partition_id
+      AND {fenced_partition(4)}
       AND (SELECT fences_held FROM held) = cardinality($4::integer[])
-      AND e.status IN ('queued', 'failed')
+      AND {status_test("'queued', 'failed'")}
       AND e.startable_at <= now()
       AND NOT EXISTS (
           SELECT 1 FROM task_types AS t
@@ -136,12 +169,12 @@ WITH caps AS (
     WHERE e.status IN ('queued', 'failed')
       AND e.startable_at <= now()
       AND e.partition_id = ANY($4::integer[])
-){_CLAIM_UPDATE}
-FROM ranked, unnest($4::integer[], $5::bigint[]) AS f (partition_id, fencing_token)
+){claim_update(4, 5)}
+FROM ranked
 WHERE e.execution_id = ranked.execution_id
   AND ranked.rank <= ranked.room
-  AND e.partition_id = f.partition_id
-  AND e.status IN ('queued', 'failed')
+  AND {fenced_partition(4)}
+  AND {status_test("'queued', 'failed'")}
   AND e.startable_at <= now()
 RETURNING {prefixed(EXECUTION_COLUMNS, "e")}
 """
@@ -149,15 +182,14 @@ RETURNING {prefixed(EXECUTION_COLUMNS, "e")}
 holds): per type, the first ``cap - running`` of them in the order of ``$1``. Caps are
 re-read here, under the lock; the running count uses executions_running_task_type_idx."""
 
-EXECUTIONS_EXTEND: Final = """
+EXECUTIONS_EXTEND: Final = f"""
 UPDATE executions AS e
-SET attempt_expires_at = now() + make_interval(secs => $3), fencing_token = f.fencing_token
-FROM unnest($1::text[], $2::integer[]) AS a (execution_id, attempt),
-     unnest($4::integer[], $5::bigint[]) AS f (partition_id, fencing_token)
+SET attempt_expires_at = now() + make_interval(secs => $3), fencing_token = {fenced_token(4, 5)}
+FROM unnest($1::text[], $2::integer[]) AS a (execution_id, attempt)
 WHERE e.execution_id = a.execution_id
   AND e.attempt = a.attempt
-  AND e.status = 'running'
-  AND e.partition_id = f.partition_id
+  AND {status_test("'running'")}
+  AND {fenced_partition(4)}
 RETURNING e.execution_id
 """
 """Renew the attempt leases of the listed attempts that are still running."""
@@ -174,12 +206,12 @@ WITH {fence_cte(7, 8, 9)}, c AS (
         not_before = CASE WHEN c.outcome = 'failed' THEN coalesce(c.not_before, now()) END,
         attempt_expires_at = NULL,
         error_code = c.error_code, error_message = c.error_message,
-        fencing_token = f.fencing_token
-    FROM c, unnest($7::integer[], $9::bigint[]) AS f (partition_id, fencing_token)
+        fencing_token = {fenced_token(7, 9)}
+    FROM c
     WHERE e.execution_id = c.execution_id
       AND e.attempt = c.attempt
-      AND e.status = 'running'
-      AND e.partition_id = f.partition_id
+      AND {status_test("'running'")}
+      AND {fenced_partition(7)}
       AND (SELECT fences_held FROM held) = cardinality($7::integer[])
     RETURNING e.execution_id, e.attempt, c.outcome, e.started_at, e.error_code,
               e.error_message, e.claimed_by
@@ -204,19 +236,18 @@ empty and waits for ``not_before`` (now, when the worker gave no retry time). Ro
 :data:`EXECUTIONS_CLAIM`: ``held`` with each recorded attempt, or alone. ``$1``-``$6`` are
 array literals (:mod:`~engine.ledger.postgres.rows`)."""
 
-EXECUTIONS_SKIP: Final = """
+EXECUTIONS_SKIP: Final = f"""
 UPDATE executions AS e
 SET status = 'skipped', error_code = $2, error_message = $3, finished_at = now(),
-    not_before = NULL, fencing_token = f.fencing_token
-FROM unnest($4::integer[], $5::bigint[]) AS f (partition_id, fencing_token)
+    not_before = NULL, fencing_token = {fenced_token(4, 5)}
 WHERE e.execution_id = ANY($1::text[])
-  AND e.partition_id = f.partition_id
-  AND e.status IN ('queued', 'failed')
+  AND {fenced_partition(4)}
+  AND {status_test("'queued', 'failed'")}
 RETURNING e.execution_id
 """
 """Skip not-yet-started executions on purpose (the overlap policy); no attempt is recorded."""
 
-EXECUTIONS_REQUEUE_EXPIRED: Final = """
+EXECUTIONS_REQUEUE_EXPIRED: Final = f"""
 WITH expired AS (
     SELECT execution_id FROM executions
     WHERE partition_id = ANY($1::integer[])
@@ -227,9 +258,9 @@ WITH expired AS (
     FOR UPDATE
 ), requeued AS (
     UPDATE executions AS e
-    SET status = 'queued', attempt_expires_at = NULL, fencing_token = f.fencing_token
-    FROM expired, unnest($1::integer[], $3::bigint[]) AS f (partition_id, fencing_token)
-    WHERE e.execution_id = expired.execution_id AND e.partition_id = f.partition_id
+    SET status = 'queued', attempt_expires_at = NULL, fencing_token = {fenced_token(1, 3)}
+    FROM expired
+    WHERE e.execution_id = expired.execution_id AND {fenced_partition(1)}
     RETURNING e.execution_id, e.attempt, e.started_at, e.claimed_by, e.planned_at
 ), recorded AS (
     INSERT INTO execution_attempts (
