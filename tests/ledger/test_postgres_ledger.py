@@ -860,18 +860,21 @@ async def test_claims_and_completions_find_their_batch_by_key_whatever_the_stati
         owners,
         tokens,
     )
+    waiting = [f"waiting-{n}" for n in range(1, batch + 1)]
     claim = await explain_plans(
         url,
         sql_executions.EXECUTIONS_CLAIM,
-        [f"waiting-{n}" for n in range(1, batch + 1)],
+        waiting,
         60.0,
         "node-a",
         partitions,
         owners,
         tokens,
     )
+    capped_types = await explain_plans(url, sql_executions.TASK_TYPES_CAPPED_AMONG, waiting)
     # Before, the completion read executions_running_task_type_idx, the claim
-    # executions_startable_idx: each batch then cost as much as everything running or waiting.
-    for plans in (completion, claim):
+    # executions_startable_idx (and so did the look for capped task types among the ids):
+    # each batch then cost as much as everything running or waiting.
+    for plans in (completion, claim, capped_types):
         for plan in plans.values():
             assert indexes_reading(plan, "executions") == ["executions_pkey"]

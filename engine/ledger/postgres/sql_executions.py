@@ -39,8 +39,8 @@ LIMIT $3
 """``EXECUTIONS_DUE`` for one tenant: a range scan of executions_tenant_startable_idx
 (migrations/0005_due_by_tenant.sql) instead of reading past every other tenant's backlog."""
 
-# Statements that write executions named by id find them by primary key, whatever the
-# statistics say. Two habits keep the planner there:
+# Statements that read or write executions named by id find them by primary key, whatever
+# the statistics say. Two habits keep the planner there:
 #
 # - The status is tested as ``e.status || ''``. No partial index's predicate (status =
 #   'running', status IN ('queued', 'failed')) can be proven from that expression, so those
@@ -134,11 +134,11 @@ generic plan scans the table (measured: 724 rows/s against 44,000 over 100,000 r
 # order) and claims them with EXECUTIONS_CLAIM_CAPPED: a later statement, so its snapshot
 # sees every claim committed by the locks' previous holders, and it counts and claims at once.
 
-TASK_TYPES_CAPPED_AMONG: Final = """
+TASK_TYPES_CAPPED_AMONG: Final = f"""
 SELECT DISTINCT e.task_type FROM executions AS e
 JOIN task_types AS t ON t.name = e.task_type AND t.max_concurrency_cluster IS NOT NULL
 WHERE e.execution_id = ANY($1::text[])
-  AND e.status IN ('queued', 'failed')
+  AND {status_test("'queued', 'failed'")}
   AND e.startable_at <= now()
 ORDER BY e.task_type
 """
@@ -166,7 +166,7 @@ WITH caps AS (
     JOIN executions AS e ON e.execution_id = u.execution_id
     JOIN caps ON caps.task_type = e.task_type
     LEFT JOIN running ON running.task_type = e.task_type
-    WHERE e.status IN ('queued', 'failed')
+    WHERE {status_test("'queued', 'failed'")}
       AND e.startable_at <= now()
       AND e.partition_id = ANY($4::integer[])
 ){claim_update(4, 5)}
