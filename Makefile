@@ -11,9 +11,11 @@ CHAOS_ARGS ?=
 GAMEDAY_ARGS ?=
 PROFILE_SCHEDULES ?= 200000
 PROFILE_OUT ?= docs/img/bench-burst-flame.svg
+REVS ?= HEAD~1 HEAD
+ROUNDS ?= 3
 
 .DEFAULT_GOAL := help
-.PHONY: help install test unit lint typecheck fmt run bench bench-peer bench-profile clean chromium console-screenshots chaos chaos-quick gameday sim-long
+.PHONY: help install test unit lint typecheck fmt run bench bench-peer bench-profile bench-compare clean chromium console-screenshots chaos chaos-quick gameday sim-long
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -85,6 +87,9 @@ bench-profile: $(STAMP) ## py-spy flame graph of a one-node burst -> docs/img/be
 	$(BIN)/py-spy record --nonblocking --format flamegraph --output $(PROFILE_OUT) -- \
 		$(BIN)/python benchmarks/bench_burst.py --schedules $(PROFILE_SCHEDULES) --runs 1 \
 		--workers 32 --rate 0 --nodes "" --no-ceiling --no-docs
+
+bench-compare: $(STAMP) ## Revisions' bursts side by side, alternating (REVS="a b", . = working tree; ROUNDS=3)
+	$(BIN)/python benchmarks/compare.py --rounds $(ROUNDS) $(REVS)
 
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info
