@@ -204,7 +204,8 @@ def report(comparison: Comparison, *, schedules: int, workers: int) -> str:
         f"burst run per revision per round in ABBA order; {schedules:,} `noop` schedules, "
         f"one node, {workers} workers, smoothing off, no raw ceiling. Each revision ran its "
         "own `bench_burst.py` from a git worktree. The ratio is the median of the per-round "
-        f"ratios to {first} (measured minutes apart, not half an hour).",
+        f"ratios to {first}: the runs of a round are minutes apart, so a drift of the "
+        "machine's speed over the whole comparison mostly cancels out of it.",
         "",
         f"| revision | executions/s by round | median | vs {first} | CPU µs node + PostgreSQL "
         "| duplicates |",
