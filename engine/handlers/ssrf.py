@@ -19,7 +19,10 @@ Rules, in order:
 
 The guard is applied to *every* address a host resolves to (one bad record refuses the
 host), and the webhook handler then connects to one of exactly those vetted addresses, so a
-second, different DNS answer at connect time (DNS rebinding) cannot redirect it.
+second, different DNS answer at connect time (DNS rebinding) cannot redirect it. The webhook
+client (:mod:`engine.handlers.http_client`) caches answers for a few seconds and vets the
+cached answer again on every delivery; its pooled connections are keyed by the vetted
+address, so a connection is only ever reused for an address that passed the guard.
 """
 
 from __future__ import annotations
@@ -140,12 +143,10 @@ def parse_address(text: str) -> IPAddress:
     return ipaddress.ip_address(text.partition("%")[0])
 
 
-async def resolve_vetted(host: str, port: int, allow: tuple[IPNetwork, ...]) -> list[IPAddress]:
-    """Resolve ``host`` and return its addresses, all of which the guard allows.
+async def resolve(host: str, port: int) -> list[IPAddress]:
+    """The distinct addresses ``host`` resolves to, in resolver order, not yet vetted.
 
-    Raises :class:`AddressRefused` if any address is refused and ``OSError``
-    (``socket.gaierror``) if the name does not resolve. At most :data:`ADDRESSES_MAX`
-    addresses are returned, in resolver order.
+    Raises ``OSError`` (``socket.gaierror``) if the name does not resolve.
     """
     infos = await trio.socket.getaddrinfo(
         host, port, type=trio.socket.SOCK_STREAM, proto=trio.socket.IPPROTO_TCP
@@ -157,6 +158,15 @@ async def resolve_vetted(host: str, port: int, allow: tuple[IPNetwork, ...]) -> 
             addresses.append(address)
     if not addresses:
         raise OSError(f"{host} resolved to no address")
+    return addresses
+
+
+def vet(host: str, addresses: list[IPAddress], allow: tuple[IPNetwork, ...]) -> list[IPAddress]:
+    """``addresses`` (what ``host`` resolved to) if the guard allows every one of them.
+
+    Raises :class:`AddressRefused` naming the first refused address; returns at most
+    :data:`ADDRESSES_MAX` addresses, in the given order.
+    """
     for address in addresses:
         reason = check_address(address, allow)
         if reason is not None:
@@ -166,3 +176,13 @@ async def resolve_vetted(host: str, port: int, allow: tuple[IPNetwork, ...]) -> 
                 "public addresses; allow a network with --webhook-allow-cidr if this is intended"
             )
     return addresses[:ADDRESSES_MAX]
+
+
+async def resolve_vetted(host: str, port: int, allow: tuple[IPNetwork, ...]) -> list[IPAddress]:
+    """Resolve ``host`` and return its addresses, all of which the guard allows.
+
+    Raises :class:`AddressRefused` if any address is refused and ``OSError``
+    (``socket.gaierror``) if the name does not resolve. At most :data:`ADDRESSES_MAX`
+    addresses are returned, in resolver order.
+    """
+    return vet(host, await resolve(host, port), allow)

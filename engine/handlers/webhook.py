@@ -9,22 +9,31 @@ same body apart from ``attempt`` and ``fencing_token``; receivers deduplicate on
 
 How the request is made, and why:
 
-* **SSRF guard before and at connect time.** The host is resolved once, every address is
-  vetted (:mod:`engine.handlers.ssrf`), and the request is sent to a vetted *IP address*:
-  the URL's host is replaced by the address while the ``Host`` header and the TLS server
-  name (SNI, and certificate verification) keep the original host name. The connection can
-  therefore only go where the guard looked; a DNS answer that changes in between (DNS
-  rebinding) is never consulted. Addresses are tried in resolver order on connection errors.
-* **No proxies, no redirects.** Proxy variables from the environment are ignored (a proxy
-  would connect somewhere the guard never saw). A 3xx answer is a *permanent* failure
-  ``http_3xx``: the redirect target was never vetted, following it would turn a POST into a
-  GET on some status codes, and retrying the same URL yields the same redirect; the fix is
-  to store the final URL.
-* **Bounded.** One deadline (``timeout_s``) covers resolution, connection, TLS, upload and
-  the response; at most ``response_body_max_bytes`` of the response are read (raw, with
-  ``Accept-Encoding: identity`` so nothing is decompressed) and used only in error text.
-* **One connection per attempt** (no keep-alive across attempts): each attempt is vetted
-  afresh and no pool outlives it.
+* **Through the node's shared client** (:mod:`engine.handlers.http_client`): keep-alive
+  HTTP/1.1 connections pooled per vetted address, a DNS cache of at most 15 s, per-host and
+  global connection limits. A handler built without a client uses
+  :func:`~engine.handlers.http_client.default_client` (one per trio run).
+* **SSRF guard before connecting.** The host is resolved (or taken from the client's short
+  DNS cache), every address is vetted (:mod:`engine.handlers.ssrf`) on every delivery, and
+  the request goes to a vetted *IP address*, over a new connection or one kept alive for
+  that same address: the ``Host`` header and the TLS server name (SNI, and certificate
+  verification) keep the original host name. The connection can therefore only go where the
+  guard looked; a DNS answer that changes to a refused address (DNS rebinding) is refused at
+  the next resolution, before anything is sent. Addresses are tried in resolver order on
+  connection errors.
+* **No proxies, no redirects.** The client never uses a proxy (a proxy would connect
+  somewhere the guard never saw). A 3xx answer is a *permanent* failure ``http_3xx``: the
+  redirect target was never vetted, following it would turn a POST into a GET on some
+  status codes, and retrying the same URL yields the same redirect; the fix is to store the
+  final URL.
+* **Bounded.** One deadline (``timeout_s``) covers waiting for a connection slot,
+  resolution, connection, TLS, upload and the response; at most ``response_body_max_bytes``
+  of the response are read (raw, with ``Accept-Encoding: identity`` so nothing is
+  decompressed) and used only in error text; a response cut at the cap discards its
+  connection.
+* **Faults are classified**: ``dns_error``, ``ssrf_refused`` (permanent), ``connect_error``
+  (no address could be connected to; nothing was sent), ``network_error`` (the connection
+  failed after it was made, so the request may have been processed), ``timeout``.
 
 Status mapping: 2xx succeeded; 408, 425, 429 and 5xx transient, honouring ``Retry-After``
 (seconds or an HTTP date); 3xx and other 4xx permanent; anything else unknown.
@@ -43,6 +52,7 @@ from typing import Any, Final
 
 import httpx
 import msgspec
+import trio
 
 from engine.clock import Clock
 from engine.core.instants import format_utc
@@ -53,16 +63,28 @@ from engine.handlers.base import (
     HandlerResult,
     check_timeout_s,
     parse_settings,
-    run_with_timeout,
+)
+from engine.handlers.http_client import (
+    ConnectFailed,
+    ExchangeFailed,
+    Progress,
+    ResolveFailed,
+    WebhookClient,
+    default_client,
 )
 from engine.handlers.signing import parse_secret, signature_headers
-from engine.handlers.ssrf import AddressRefused, IPAddress, parse_allow_list, resolve_vetted
+from engine.handlers.ssrf import AddressRefused, parse_allow_list
 
 URL_CHARS_MAX: Final = 2048
 RETRY_AFTER_S_MAX: Final = 24 * 3600.0
 """A ``Retry-After`` further away than this is read as this."""
 EXCERPT_CHARS_MAX: Final = 500
 _TRANSIENT_STATUSES: Final = frozenset({408, 425, 429})
+_FRAMING_HEADERS: Final = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "te",
+     "trailer", "upgrade", "proxy-connection", "expect"}
+)  # fmt: skip
+"""Extra headers never sent: the client frames the message and owns the connection."""
 
 
 def _user_agent() -> str:
@@ -167,7 +189,9 @@ def classify_response(
 
 
 async def read_capped(response: httpx.Response, limit_bytes: int) -> bytes:
-    """At most ``limit_bytes`` of the raw response body; the connection is closed after that.
+    """At most ``limit_bytes`` of the raw body of an httpx response; closed after that.
+
+    (The handler no longer reads through httpx; this stays for callers that still do.)
 
     Stopping early leaves httpx's nested stream generators suspended, and trio warns about
     every generator collected unfinished; so once the cap is reached the response is closed
@@ -210,7 +234,13 @@ def request_body(context: ExecutionContext) -> bytes:
 
 
 class WebhookHandler:
-    """POSTs each attempt to one URL; build it with :func:`engine.handlers.build_handler`."""
+    """POSTs each attempt to one URL; build it with :func:`engine.handlers.build_handler`.
+
+    ``client`` is the node's shared :class:`~engine.handlers.http_client.WebhookClient`;
+    without one, deliveries use :func:`~engine.handlers.http_client.default_client`.
+    ``ssl_context`` replaces the client's trust store (connections made with it are pooled
+    apart).
+    """
 
     def __init__(
         self,
@@ -219,6 +249,7 @@ class WebhookHandler:
         options: HandlerOptions,
         clock: Clock,
         ssl_context: ssl.SSLContext | None = None,
+        client: WebhookClient | None = None,
     ) -> None:
         parsed = parse_settings("webhook", settings, WebhookSettings)
         self._url = parse_webhook_url(parsed.url)
@@ -230,19 +261,31 @@ class WebhookHandler:
         self._allow = parse_allow_list(options.webhook_allow_cidrs)
         self._body_max_bytes = options.response_body_max_bytes
         self._clock = clock
-        # Built once: loading the CA bundle costs milliseconds. SSL_CERT_FILE/DIR are honoured.
-        self._ssl_context = ssl_context or httpx.create_ssl_context(trust_env=True)
+        self._ssl_context = ssl_context
+        self._client = client
+        self._scheme = self._url.scheme
+        self._host = self._url.raw_host.decode("ascii")
+        self._port = self._url.port or (443 if self._scheme == "https" else 80)
+        self._target = self._url.raw_path
+        self._host_header = self._url.netloc.decode("ascii")
 
     def __repr__(self) -> str:
         return f"WebhookHandler(url={self._display_url!r}, signed={self._key is not None})"
 
     async def run(self, context: ExecutionContext) -> HandlerResult:
-        return await run_with_timeout(self.timeout_s, lambda: self._deliver(context))
+        progress = Progress()
+        with trio.move_on_after(self.timeout_s):
+            return await self._deliver(context, progress)
+        where = "" if progress.address is None else f" to {progress.address}"
+        return HandlerResult.transient(
+            "timeout",
+            f"POST {self._display_url}{where}: no complete answer within {self.timeout_s:g} s "
+            f"(timed out {progress.phase})",
+        )
 
-    def _headers(self, context: ExecutionContext, body: bytes) -> dict[str, str]:
-        headers = dict(self._extra_headers)
-        headers |= {
-            "Host": self._url.netloc.decode("ascii"),
+    def _headers(self, context: ExecutionContext, body: bytes) -> list[tuple[str, str]]:
+        own = {
+            "Host": self._host_header,
             "Content-Type": "application/json",
             "User-Agent": USER_AGENT,
             "Accept-Encoding": "identity",
@@ -255,77 +298,47 @@ class WebhookHandler:
         }
         if self._key is not None:
             timestamp = int(self._clock.now().timestamp())
-            headers |= signature_headers(self._key, context.execution_id, timestamp, body)
-        return headers
+            own |= signature_headers(self._key, context.execution_id, timestamp, body)
+        if not self._extra_headers:
+            return list(own.items())
+        taken = {name.lower() for name in own} | _FRAMING_HEADERS
+        extra = [(n, v) for n, v in self._extra_headers.items() if n.lower() not in taken]
+        return extra + list(own.items())
 
-    async def _deliver(self, context: ExecutionContext) -> HandlerResult:
-        host = self._url.raw_host.decode("ascii")
-        port = self._url.port or (443 if self._url.scheme == "https" else 80)
+    async def _deliver(self, context: ExecutionContext, progress: Progress) -> HandlerResult:
+        client = self._client or default_client()
+        body = request_body(context)
         try:
-            addresses = await resolve_vetted(host, port, self._allow)
+            response = await client.post(
+                scheme=self._scheme,
+                host=self._host,
+                port=self._port,
+                target=self._target,
+                headers=self._headers(context, body),
+                body=body,
+                allow=self._allow,
+                body_max_bytes=self._body_max_bytes,
+                ssl_context=self._ssl_context,
+                progress=progress,
+            )
         except AddressRefused as refused:
             return HandlerResult.permanent("ssrf_refused", str(refused))
-        except OSError as error:
+        except ResolveFailed as error:
             return HandlerResult.transient(
-                "dns_error", f"could not resolve {host} for {self._display_url}: {error}"
+                "dns_error", f"could not resolve {self._host} for {self._display_url}: {error}"
             )
-        body = request_body(context)
-        headers = self._headers(context, body)
-        transport = httpx.AsyncHTTPTransport(
-            verify=self._ssl_context,
-            trust_env=False,
-            retries=0,
-            limits=httpx.Limits(max_connections=1, max_keepalive_connections=0),
-        )
-        async with httpx.AsyncClient(
-            transport=transport,
-            follow_redirects=False,
-            trust_env=False,
-            timeout=httpx.Timeout(self.timeout_s),
-        ) as client:
-            failures: list[str] = []
-            for address in addresses:
-                try:
-                    return await self._post(client, address, host, headers, body)
-                except httpx.ConnectError as error:
-                    failures.append(f"{address}: {_describe(error)}")
-                except httpx.TimeoutException as error:
-                    return HandlerResult.transient(
-                        "timeout", f"POST {self._display_url} to {address}: {_describe(error)}"
-                    )
-                except httpx.TransportError as error:
-                    return HandlerResult.transient(
-                        "network_error",
-                        f"POST {self._display_url} to {address}: {_describe(error)}",
-                    )
+        except ConnectFailed as error:
             return HandlerResult.transient(
-                "connect_error",
-                f"could not connect to {self._display_url}: " + "; ".join(failures),
+                "connect_error", f"could not connect to {self._display_url}: {error}"
             )
-
-    async def _post(
-        self,
-        client: httpx.AsyncClient,
-        address: IPAddress,
-        host: str,
-        headers: dict[str, str],
-        body: bytes,
-    ) -> HandlerResult:
-        """POST to ``address`` itself, keeping ``host`` for the Host header and TLS."""
-        pinned = self._url.copy_with(host=str(address))
-        extensions = {"sni_hostname": host} if self._url.scheme == "https" else {}
-        request = client.build_request(
-            "POST", pinned, content=body, headers=headers, extensions=extensions
-        )
-        response = await client.send(request, stream=True)
-        try:
-            received = await read_capped(response, self._body_max_bytes)
-        finally:
-            await response.aclose()
+        except ExchangeFailed as error:
+            return HandlerResult.transient(
+                "network_error", f"POST {self._display_url} to {progress.address}: {error}"
+            )
         return classify_response(
-            response.status_code,
+            response.status,
             response.headers,
-            excerpt_of(received),
+            excerpt_of(response.body),
             url=self._display_url,
             clock=self._clock,
         )
@@ -338,18 +351,3 @@ def _redirect_target(location: str | None) -> str:
         return display_url(httpx.URL(location))
     except httpx.InvalidURL:
         return "an invalid Location"
-
-
-def _describe(error: BaseException) -> str:
-    """The error and its root cause (httpx wraps the TLS or socket error that explains it)."""
-    root: BaseException = error
-    for _ in range(8):
-        inner = root.__cause__ or root.__context__
-        if inner is None:
-            break
-        root = inner
-    text = f"{type(error).__name__}"
-    if root is not error:
-        text += f": {type(root).__name__}"
-    detail = str(root) or str(error)
-    return f"{text}: {detail}" if detail else text
