@@ -29,7 +29,16 @@ SHUTDOWN_TIMEOUT_S_DEFAULT: Final = 10.0
 CATCHUP_GRACE_S_DEFAULT: Final = 60.0
 RETENTION_DAYS_DEFAULT: Final = 7.0
 ATTEMPT_LEASE_S_DEFAULT: Final = 60.0
-WORKERS_DEFAULT: Final = 32
+WORKERS_DEFAULT: Final = 1_000
+"""Attempts a node runs at once. Sized for I/O: a webhook in flight is a coroutine and a
+socket (about 14 KiB), so a thousand cost ~14 MiB; python and shell attempts are bounded
+apart (:data:`BLOCKING_WORKERS_DEFAULT`)."""
+BLOCKING_WORKERS_DEFAULT: Final = 32
+"""Python and shell attempts a node runs at once: each holds a thread or a process."""
+WEBHOOK_CONNECTIONS_PER_HOST_DEFAULT: Final = 256
+WEBHOOK_CONNECTIONS_TOTAL_DEFAULT: Final = 1_024
+DISPATCH_QUEUE_MAX_DEFAULT: Final = 50_000
+DISPATCH_STALL_AFTER_S_DEFAULT: Final = 30.0
 SLO_TARGET_S_DEFAULT: Final = 60.0
 """A first attempt started within this many seconds of its planned instant is on time."""
 SLO_TARGET_S_MAX: Final = 86_400.0
@@ -90,7 +99,13 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """Succeeded and skipped executions are deleted this long after they finished (dead
     letters are kept until replayed)."""
     workers: int = WORKERS_DEFAULT
-    """Executions this node runs at once (its worker pool)."""
+    """Attempts this node runs at once (its worker pool), sized for I/O-bound handlers."""
+    blocking_workers: int = BLOCKING_WORKERS_DEFAULT
+    """Of those, python and shell attempts at most (each holds a thread or a process)."""
+    webhook_connections_per_host: int = WEBHOOK_CONNECTIONS_PER_HOST_DEFAULT
+    """Most connections open at once to one receiver (host and port), busy or idle."""
+    webhook_connections_total: int = WEBHOOK_CONNECTIONS_TOTAL_DEFAULT
+    """Most webhook connections open at once (each is a file descriptor)."""
     dispatch_rate_per_s: float = 0.0
     """Starts per second across this node (0: as fast as the workers go)."""
     dispatch_burst: int = 1_000
@@ -105,6 +120,18 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     enable_shell: bool = False
     """Whether shell task types may run on this node (off: whoever can create a task type
     could otherwise run any command as the node's user)."""
+    enable_python: bool = False
+    """Whether python task types may run on this node (off: whoever can create a task type
+    could otherwise import and call any function of the node's environment)."""
+    python_modules: str = ""
+    """Comma-separated modules (and their submodules) python task types may call into;
+    empty: any module, once ``enable_python`` is on."""
+    dispatch_queue_max: int = DISPATCH_QUEUE_MAX_DEFAULT
+    """Due executions fetched into the dispatcher's queue at most (the rest waits in the
+    ledger)."""
+    dispatch_stall_after_s: float = DISPATCH_STALL_AFTER_S_DEFAULT
+    """Due work waiting this long while workers sit idle and nothing is dispatched is a
+    stall: logged as an error, and ``/readyz`` fails its ``dispatch`` check."""
     shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S_DEFAULT
     slo_target_s: float = SLO_TARGET_S_DEFAULT
     """The start SLO: a first attempt started within this long of its planned instant is on
@@ -141,6 +168,21 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             )
         if not 1 <= self.workers <= 10_000:
             problems.append(f"workers must be between 1 and 10000, got {self.workers}")
+        if not 1 <= self.blocking_workers <= 10_000:
+            problems.append(
+                f"blocking_workers must be between 1 and 10000, got {self.blocking_workers}"
+            )
+        if not 1 <= self.webhook_connections_per_host <= self.webhook_connections_total:
+            problems.append(
+                "webhook_connections_per_host must be at least 1 and at most "
+                f"webhook_connections_total ({self.webhook_connections_total}), "
+                f"got {self.webhook_connections_per_host}"
+            )
+        if not 1 <= self.webhook_connections_total <= 1_000_000:
+            problems.append(
+                "webhook_connections_total must be between 1 and 1000000, "
+                f"got {self.webhook_connections_total}"
+            )
         if self.dispatch_rate_per_s < 0 or self.dispatch_burst < 1:
             problems.append("dispatch_rate_per_s must be >= 0 and dispatch_burst >= 1")
         if not 3.0 <= self.attempt_lease_s <= 3600.0:
@@ -161,6 +203,18 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             problems.append("api_token_rate_per_s and api_token_burst must be positive")
         if self.dispatch_smoothing_window_s < 0:
             problems.append("dispatch_smoothing_window_s must be >= 0")
+        if not 1 <= self.dispatch_queue_max <= 1_000_000:
+            problems.append(
+                f"dispatch_queue_max must be between 1 and 1000000, got {self.dispatch_queue_max}"
+            )
+        if not 1.0 <= self.dispatch_stall_after_s <= 86_400.0:
+            problems.append(
+                "dispatch_stall_after_s must be between 1 and 86400 seconds, "
+                f"got {self.dispatch_stall_after_s}"
+            )
+        for module in self.python_module_list:
+            if not all(part.isidentifier() for part in module.split(".")):
+                problems.append(f"python_modules: {module!r} is not a module name")
         if self.burst_plan_rate_per_s <= 0 or not 0 <= self.burst_lookahead_extra_s_max <= 600:
             problems.append(
                 "burst_plan_rate_per_s must be positive and burst_lookahead_extra_s_max "
@@ -186,6 +240,10 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     @property
     def webhook_allow_list(self) -> tuple[str, ...]:
         return tuple(c.strip() for c in self.webhook_allow_cidrs.split(",") if c.strip())
+
+    @property
+    def python_module_list(self) -> tuple[str, ...]:
+        return tuple(m.strip() for m in self.python_modules.split(",") if m.strip())
 
     @property
     def lease_renew_interval_s(self) -> float:

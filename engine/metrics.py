@@ -59,7 +59,7 @@ The node creates one ``NodeMetrics`` and passes it to the actors like any depend
                               abandoned attempt writes no completion and is not counted
     Redeliverer.step        metrics.attempts_expired(len(requeued))
     LeaseKeeper._rebalance  metrics.lease_acquired(len(acquired))
-    LeaseKeeper._hand_back, release_all
+    LeaseKeeper._drain_and_release, release_all
                             metrics.lease_released(released)
     LeaseKeeper._renew      where a renewal was refused: metrics.lease_lost(LEASE_LOST_REFUSED)
     LeaseKeeper._expire_locally
@@ -152,6 +152,7 @@ class NodeGauges(msgspec.Struct, frozen=True, kw_only=True):
     queue_capacity: int
     workers_busy: int
     workers_capacity: int
+    dispatch_stalled_s: float = 0.0
     clock_offset_s: float | None
     clock_spread_s: float | None
     planning_allowed: bool
@@ -187,6 +188,7 @@ def node_gauges(
         queue_capacity=queue_capacity,
         workers_busy=statistics.workers.busy,
         workers_capacity=workers,
+        dispatch_stalled_s=statistics.pipeline.stalled_s,
         clock_offset_s=statistics.clock.offset_s,
         clock_spread_s=statistics.clock.spread_s,
         planning_allowed=statistics.clock.planning_allowed,
@@ -651,6 +653,12 @@ _NODE_GAUGES: Final[tuple[tuple[str, str, _NodePick], ...]] = (
     ),
     ("carillon_workers_busy", "Workers running an attempt.", lambda g: g.workers_busy),
     ("carillon_workers_capacity", "Workers in the pool.", lambda g: g.workers_capacity),
+    (
+        "carillon_dispatch_stalled_seconds",
+        "How long due work has waited while workers sat idle and nothing was dispatched, or "
+        "no fetch completed (0 while the pipeline moves; /readyz fails past the stall bound).",
+        lambda g: g.dispatch_stalled_s,
+    ),
     (
         "carillon_clock_offset_seconds",
         "Database clock minus this node's clock (median of the recent probes).",

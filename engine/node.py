@@ -33,20 +33,21 @@ from __future__ import annotations
 
 import logging
 import random
-from datetime import datetime
 from typing import Any
 
 import msgspec
 import trio
 
+from engine.actors.announcements import Announcements
 from engine.actors.change_feed import ChangeFeed, ChangeFeedConfig, ChangeFeedStatistics
 from engine.actors.clock_monitor import ClockMonitor, ClockMonitorConfig, ClockStatistics
-from engine.actors.completions import (
-    CompletionStatistics,
-    CompletionWriter,
-    CompletionWriterConfig,
+from engine.actors.completions import CompletionStatistics, CompletionWriter
+from engine.actors.dispatcher import (
+    FETCH_AHEAD_S_DEFAULT,
+    Dispatcher,
+    DispatcherConfig,
+    DispatcherStatistics,
 )
-from engine.actors.dispatcher import Dispatcher, DispatcherConfig, DispatcherStatistics
 from engine.actors.forecast import BurstForecast, ForecastConfig
 from engine.actors.lease_keeper import (
     HAND_BACK_DRAIN_S,
@@ -56,6 +57,7 @@ from engine.actors.lease_keeper import (
 )
 from engine.actors.membership import Membership, MembershipConfig, MembershipStatistics
 from engine.actors.partitions import PartitionTable
+from engine.actors.pipeline import ExecutionPipeline, PipelineConfig, PipelineStatistics
 from engine.actors.planner import PlannerConfig
 from engine.actors.planner_supervisor import PlannerSupervisor, PlannerSupervisorStatistics
 from engine.actors.redeliverer import Redeliverer, RedelivererConfig, RedelivererStatistics
@@ -72,14 +74,13 @@ from engine.api.auth import Authenticator
 from engine.api.server import ApiServer
 from engine.clock import Clock
 from engine.config import NodeConfig
-from engine.core.dispatch import ConcurrencyLimits
 from engine.core.timetable import TimetableCache
 from engine.errors import ConfigError, LedgerUnavailable
 from engine.gc_thresholds import raised_gc_thresholds
 from engine.handlers import HandlerOptions
+from engine.handlers.http_client import WebhookClientConfig
 from engine.ledger.base import Ledger
 from engine.metrics import NodeGauges, NodeMetrics, node_gauges, render
-from engine.model import Execution
 
 log = logging.getLogger("carillon.node")
 
@@ -95,6 +96,7 @@ class NodeStatistics(msgspec.Struct, frozen=True):
     dispatcher: DispatcherStatistics
     workers: WorkerStatistics
     completions: CompletionStatistics
+    pipeline: PipelineStatistics
     redeliverer: RedelivererStatistics
     supervisor: SupervisorStatistics
 
@@ -149,46 +151,40 @@ class Node:
                 config.burst_lookahead_extra_s_max,
             )
         )
+        self.announcements = Announcements(self.clock_monitor.now, FETCH_AHEAD_S_DEFAULT)
+        """When to fetch: planners, retries and the change feed announce; the pipeline reads."""
         self.planners = self._new_planner_supervisor()
         self.change_feed = ChangeFeed(
             ChangeFeedConfig(config.change_poll_interval_s), ledger, self, rng
         )
-        self.completions = CompletionWriter(CompletionWriterConfig(), ledger, self.table, rng)
-        self.limits = ConcurrencyLimits()
-        self.workers = WorkerPool(
-            WorkerPoolConfig(
-                workers=config.workers, renew_check_s=renew_check_s_for(config.attempt_lease_s)
-            ),
-            ledger,
-            clock,
-            self.completions,
-            HandlerOptions(
-                webhook_allow_cidrs=config.webhook_allow_list, enable_shell=config.enable_shell
-            ),
-            rng,
-            table=self.table,
-            monitor=self.clock_monitor,
-            metrics=self.metrics,
-            on_finished=self._finished,
-            on_retry=self._request_fetch,
-        )
-        self.dispatcher = Dispatcher(
+        self._pipeline_config = PipelineConfig(
             DispatcherConfig(
                 node_id=config.node_id,
+                queue_max=config.dispatch_queue_max,
                 rate_per_s=config.dispatch_rate_per_s or None,
                 burst=config.dispatch_burst,
                 smoothing_window_s=config.dispatch_smoothing_window_s,
                 attempt_lease_s=config.attempt_lease_s,
             ),
-            ledger,
-            clock,
-            self.clock_monitor,
-            self.table,
-            self.workers,
-            self.limits,
-            rng,
-            metrics=self.metrics,
+            WorkerPoolConfig(
+                workers=config.workers,
+                blocking_workers=config.blocking_workers,
+                renew_check_s=renew_check_s_for(config.attempt_lease_s),
+            ),
+            webhook=WebhookClientConfig(
+                connections_per_host=config.webhook_connections_per_host,
+                connections_total=config.webhook_connections_total,
+            ),
+            stall_after_s=config.dispatch_stall_after_s,
         )
+        self._handler_options = HandlerOptions(
+            webhook_allow_cidrs=config.webhook_allow_list,
+            enable_shell=config.enable_shell,
+            enable_python=config.enable_python,
+            python_modules=config.python_module_list,
+        )
+        self.pipeline = self._new_pipeline()
+        self._pipeline_started = False
         self.redeliverer = Redeliverer(
             RedelivererConfig(), ledger, self.table, metrics=self.metrics
         )
@@ -204,9 +200,7 @@ class Node:
                 ChildSpec("planners", self._restart_planners),
                 ChildSpec("lease-keeper", lambda: self.lease_keeper),
                 ChildSpec("retention", lambda: self.retention),
-                ChildSpec("completions", lambda: self.completions),
-                ChildSpec("workers", lambda: self.workers),
-                ChildSpec("dispatcher", lambda: self.dispatcher),
+                ChildSpec("pipeline", self._restart_pipeline),
                 ChildSpec("redeliverer", lambda: self.redeliverer),
                 *self._api_child(),
             ],
@@ -220,7 +214,7 @@ class Node:
         return node_gauges(
             self.statistics(),
             self.clock_monitor.now(),
-            queue_capacity=self.dispatcher.config.queue_max,
+            queue_capacity=self.config.dispatch_queue_max,
             workers=self.config.workers,
         )
 
@@ -229,11 +223,41 @@ class Node:
         publish it for ``GET /v1/cluster``)."""
         return {p.partition_id: p.planner_lag_s for p in self._gauges().partitions}
 
-    def _request_fetch(self, at: datetime) -> None:
-        self.dispatcher.request_fetch(at)
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """The current pipeline's dispatcher (a restart builds a new one)."""
+        return self.pipeline.dispatcher
 
-    def _finished(self, execution: Execution) -> None:
-        self.dispatcher.finished(execution)  # set in __init__ before any worker runs
+    @property
+    def workers(self) -> WorkerPool:
+        """The current pipeline's worker pool (a restart builds a new one)."""
+        return self.pipeline.workers
+
+    @property
+    def completions(self) -> CompletionWriter:
+        """The current pipeline's completion writer (a restart builds a new one)."""
+        return self.pipeline.completions
+
+    def _new_pipeline(self) -> ExecutionPipeline:
+        return ExecutionPipeline(
+            self._pipeline_config,
+            ledger=self.ledger,
+            clock=self.clock,
+            monitor=self.clock_monitor,
+            table=self.table,
+            announcements=self.announcements,
+            options=self._handler_options,
+            metrics=self.metrics,
+            rng=self._rng,
+        )
+
+    def _restart_pipeline(self) -> ExecutionPipeline:
+        """The supervisor's factory: the first start runs the pipeline built in
+        ``__init__``; every restart a fresh one, so nothing a crashed one held survives."""
+        if self._pipeline_started:
+            self.pipeline = self._new_pipeline()
+        self._pipeline_started = True
+        return self.pipeline
 
     def notify(self, partition_id: int, schedule_id: str) -> None:
         """Change-feed sink: forward to whichever planner supervisor is current, and fetch
@@ -241,7 +265,7 @@ class Node:
         any node added executions that are startable now)."""
         self.planners.notify(partition_id, schedule_id)
         if partition_id in self.table:
-            self.dispatcher.request_fetch(self.clock_monitor.now())
+            self.announcements.announce(self.clock_monitor.now())
 
     def _new_api(self) -> ApiServer | None:
         """The HTTP API actor, unless ``http`` is empty."""
@@ -261,6 +285,7 @@ class Node:
             metrics_protected=config.metrics_protected,
             slo_target_s=config.slo_target_s,
             metrics=lambda accept: render(self.metrics.registry, accept),
+            extra_checks={"dispatch": lambda: self.pipeline.stall_check()},
         )
         return ApiServer(ApiConfig(bind=config.http), context)
 
@@ -344,6 +369,7 @@ class Node:
             self.dispatcher.statistics(),
             self.workers.statistics(),
             self.completions.statistics(),
+            self.pipeline.statistics(),
             self.redeliverer.statistics(),
             self.supervisor.statistics(),
         )
@@ -357,7 +383,7 @@ class Node:
             self.table,
             self._rng,
             self.forecast,
-            self._request_fetch,
+            self.announcements.announce,
             metrics=self.metrics,
         )
 

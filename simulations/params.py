@@ -84,6 +84,8 @@ class NodeSettings:
             shutdown_timeout_s=self.shutdown_timeout_s,
             retention_days=self.retention_days,
             http="",  # many nodes in one process: no HTTP API
+            enable_python=True,  # the sim task type is a python callable
+            blocking_workers=self.workers,  # ... standing in for any handler
         )
 
 

@@ -1,17 +1,18 @@
 """Batches completion writes: what makes a Postgres queue fast.
 
-Workers hand each finished attempt to :meth:`CompletionWriter.submit` and move on. The writer
-collects completions for up to ``flush_interval_s`` or ``batch_max`` rows and writes them in
-one fenced ``executions_complete`` call -- River and Graphile Worker gained 4-10x by exactly
-this. Completions are idempotent (guarded by attempt number), so a write whose reply was lost
-is simply retried. Completions of partitions this node no longer owns are dropped: the new
-owner re-queues those executions when their attempt lease runs out (at-least-once; the
-execution id is the idempotency key downstream).
+Workers send each finished attempt, its completion attached, on the completed channel and
+move on. The writer collects completions for up to ``flush_interval_s`` or ``batch_max``
+rows and writes them in one fenced ``executions_complete`` call -- River and Graphile
+Worker gained 4-10x by exactly this. Completions are idempotent (guarded by attempt
+number), so a write whose reply was lost is simply retried. Completions of partitions this
+node no longer owns are dropped: the new owner re-queues those executions when their
+attempt lease runs out (at-least-once; the execution id is the idempotency key
+downstream). Written, refused or dropped, every attempt of a batch is closed in a
+``finally``: its in-flight count settles (a partition hand-back waits for it).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import random
 from typing import Any, Final
@@ -19,10 +20,10 @@ from typing import Any, Final
 import msgspec
 import trio
 
+from engine.actors.attempts import Attempt
 from engine.actors.partitions import PartitionTable
-from engine.actors.retry import retry_unavailable
-from engine.errors import LeaseLost
-from engine.ledger.base import Completion, ExecutionsComplete, Ledger
+from engine.actors.retry import call_fenced
+from engine.ledger.base import CompleteResult, Completion, ExecutionsComplete, Fence, Ledger
 
 log = logging.getLogger("carillon.completions")
 
@@ -30,7 +31,8 @@ FLUSH_INTERVAL_S_DEFAULT: Final = 0.005
 BATCH_MAX_DEFAULT: Final = 1_000
 WRITERS_DEFAULT: Final = 2
 QUEUE_MAX_DEFAULT: Final = 10_000
-"""Completions waiting to be written; a full queue makes workers wait (backpressure)."""
+"""Completions waiting to be written (the completed channel's buffer); a full channel makes
+workers wait (backpressure)."""
 
 
 class CompletionWriterConfig(msgspec.Struct, frozen=True):
@@ -52,6 +54,7 @@ class CompletionWriter:
     def __init__(
         self,
         config: CompletionWriterConfig,
+        *,
         ledger: Ledger,
         table: PartitionTable,
         rng: random.Random,
@@ -60,78 +63,69 @@ class CompletionWriter:
         self._ledger = ledger
         self._table = table
         self._rng = rng
-        self._send, self._receive = trio.open_memory_channel[tuple[int, Completion]](
-            config.queue_max
-        )
         self._counts = {"written": 0, "stale": 0, "dropped": 0, "batches": 0}
 
-    async def submit(self, partition_id: int, completion: Completion) -> None:
-        """Queue a completion (waits while the queue is full)."""
-        try:
-            # No schedule point when there is room: at burst rates a context switch per
-            # completion is a measurable share of the worker's time.
-            self._send.send_nowait((partition_id, completion))
-        except trio.WouldBlock:
-            await self._send.send((partition_id, completion))
-
-    async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self,
+        completed: trio.MemoryReceiveChannel[Attempt],
+        *,
+        task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
         async with trio.open_nursery() as nursery:
             for _ in range(self.config.writers):
-                nursery.start_soon(self._write_loop)
+                nursery.start_soon(self._write_loop, completed)
             task_status.started()
 
-    async def _write_loop(self) -> None:
+    async def _write_loop(self, completed: trio.MemoryReceiveChannel[Attempt]) -> None:
         while True:
-            batch = [await self._receive.receive()]
-            # Let the batch fill for a flush interval, then take what came. (Receiving item
-            # by item instead woke this task once per completion: a context switch per
-            # execution at burst rates.)
-            await trio.sleep(self.config.flush_interval_s)
-            while len(batch) < self.config.batch_max:
-                try:
-                    batch.append(self._receive.receive_nowait())
-                except trio.WouldBlock:
-                    break
+            batch = [await completed.receive()]
             try:
+                # Let the batch fill for a flush interval, then take what came. (Receiving
+                # item by item instead woke this task once per completion: a context switch
+                # per execution at burst rates.)
+                await trio.sleep(self.config.flush_interval_s)
+                while len(batch) < self.config.batch_max:
+                    try:
+                        batch.append(completed.receive_nowait())
+                    except trio.WouldBlock:
+                        break
                 await self.write(batch)
             finally:
                 # Written, refused or dropped: no longer in flight (a hand-back waits for it).
-                self._table.attempts_settled_each(partition_id for partition_id, _ in batch)
+                for attempt in batch:
+                    attempt.close()
 
-    async def write(self, batch: list[tuple[int, Completion]]) -> None:
+    async def write(self, batch: list[Attempt]) -> None:
         """Write one batch, dropping completions of partitions no longer owned."""
-        pending = batch
-        while pending:
-            fences = {}
-            kept = []
-            for partition_id, completion in pending:
-                owned = self._table.get(partition_id)
-                if owned is None:
-                    self._counts["dropped"] += 1
-                    continue
-                fences[partition_id] = owned.fence
-                kept.append(completion)
-            if not kept:
-                return
-            params = ExecutionsComplete(list(fences.values()), kept)
-            try:
-                result = await retry_unavailable(
-                    functools.partial(self._ledger.executions_complete, params),
-                    rng=self._rng,
-                    log=log,
-                    what="write completions",
-                )
-            except LeaseLost as exc:
-                lost = set(exc.partitions)
-                log.warning("completions of lost partitions %s dropped", sorted(lost))
-                self._counts["dropped"] += sum(1 for p, _ in pending if p in lost)
-                pending = [(p, c) for p, c in pending if p not in lost]
+        fences: dict[int, Fence] = {}
+        kept: list[Attempt] = []
+        for attempt in batch:
+            owned = self._table.get(attempt.partition_id)
+            if owned is None or attempt.completion is None:
+                self._counts["dropped"] += 1
                 continue
+            fences[attempt.partition_id] = owned.fence
+            kept.append(attempt)
+        result, written, lost = await call_fenced(
+            fences, kept, _partition_of, self._complete, rng=self._rng, log=log,
+            what="write completions",
+        )  # fmt: skip
+        if lost:
+            log.warning("completions of lost partitions %s dropped", sorted(lost))
+            self._counts["dropped"] += len(kept) - len(written)
+        if result is not None:
             self._counts["written"] += len(result.applied)
             self._counts["stale"] += len(result.stale)
             self._counts["batches"] += 1
-            return
+
+    async def _complete(self, fences: list[Fence], attempts: list[Attempt]) -> CompleteResult:
+        completions: list[Completion] = [a.completion for a in attempts if a.completion]
+        return await self._ledger.executions_complete(ExecutionsComplete(fences, completions))
 
     def statistics(self) -> CompletionStatistics:
         c = self._counts
         return CompletionStatistics(c["written"], c["stale"], c["dropped"], c["batches"])
+
+
+def _partition_of(attempt: Attempt) -> int:
+    return attempt.partition_id

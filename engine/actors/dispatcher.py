@@ -21,23 +21,30 @@ Three kinds of task share a :class:`~engine.core.fair_queue.FairQueue`:
   A page's schedules are read meanwhile by another task.
 * **dispatch** -- pops executions in weighted-fair order across tenants (never before their
   instant, never beyond a cap, quota or tenant rate), paced by an optional node-wide token
-  bucket (a pacing tick's worth at a time), applies each schedule's overlap policy
-  (:mod:`~engine.actors.overlap`), and hands the batch to a claimer -- but only while the
-  worker pool has a batch's worth of room (backpressure).
+  bucket (a pacing tick's worth at a time), as many as the pipeline's
+  :class:`~engine.actors.attempts.Room` admits *now* (backpressure, asked afresh at every
+  release: :func:`~engine.core.admission.claim_size`). Each popped execution becomes an
+  :class:`~engine.actors.attempts.Attempt` that owns its resources from then on; the
+  schedule's overlap policy (:mod:`~engine.actors.overlap`) admits it or not, and the
+  admitted batch goes to a claimer.
 * **claimers** (two, so one claim's round trip overlaps the next) claim a batch in one
-  fenced call (``executions_claim``: queued -> running, next attempt, attempt lease) and hand
-  what they claimed to the worker pool.
+  fenced call (``executions_claim``: queued -> running, next attempt, attempt lease) and
+  send what they claimed on the claimed channel to the workers. What is not claimed is
+  closed at once: its slots are free for the next pop.
 
 Each claimed execution gets an attempt lease of ``attempt_lease_s``, which the worker pool
 renews while it holds the execution; a crashed node's attempts run out and the redeliverer
 re-queues them. An execution claimed by no one (another node got it, or it stopped being
 startable) is simply forgotten; the ledger stays the source of truth.
+
+What to fetch is announced on the node's :class:`~engine.actors.announcements.Announcements`
+board; the dispatcher reads it and holds no reference to any announcer. It keeps
+:attr:`Dispatcher.progress_at`, the last time it could hand work on or had none to hand on,
+for the pipeline's stall watchdog.
 """
 
 from __future__ import annotations
 
-import bisect
-import functools
 import logging
 import math
 import random
@@ -47,19 +54,21 @@ from typing import Any, Final
 import msgspec
 import trio
 
+from engine.actors.announcements import Announcements
+from engine.actors.attempts import DISPATCHING, IN_FLIGHT, LIMITS, Attempt, Room
 from engine.actors.clock_monitor import ClockMonitor
 from engine.actors.overlap import OverlapGuard
 from engine.actors.partitions import PartitionTable
-from engine.actors.retry import retry_unavailable
+from engine.actors.retry import call_fenced
 from engine.actors.schedule_cache import ScheduleCache
-from engine.actors.workers import Work, WorkerPool
+from engine.actors.task_kinds import TaskKinds
 from engine.clock import Clock
 from engine.config import ATTEMPT_LEASE_S_DEFAULT
 from engine.core.dispatch import ConcurrencyLimits
 from engine.core.fair_queue import FairQueue, PushOutcome
 from engine.core.queue_shares import Position, QueueShares
 from engine.core.token_bucket import TokenBucket
-from engine.errors import CarillonError, LeaseLost
+from engine.errors import CarillonError
 from engine.ledger.base import (
     PAGE_SIZE_MAX,
     DueCursor,
@@ -70,22 +79,16 @@ from engine.ledger.base import (
     due_cursor,
 )
 from engine.metrics import SKIP_OVERLAP, NodeMetrics
-from engine.model import Execution, TaskType
+from engine.model import Execution
 
 log = logging.getLogger("carillon.dispatcher")
 
 FETCH_INTERVAL_S_DEFAULT: Final = 5.0
 """Fallback period of the fetch loop; planned fires and retries ask for a fetch at their
-instant (:meth:`Dispatcher.request_fetch`), so this only catches what nobody announced
+instant on the node's announcements board, so this only catches what nobody announced
 (replays, re-queued attempts, executions of a partition just taken over)."""
 FETCH_AHEAD_S_DEFAULT: Final = 2.0
 CLAIM_BATCH_DEFAULT: Final = 500
-ANNOUNCE_GRAIN_US: Final = 100_000
-ANNOUNCED_MAX: Final = 4_096
-"""Distinct announced instants the dispatcher keeps a fetch for. Cron instants fall on whole
-seconds and planners write a few seconds ahead, so a handful are pending at a time; beyond
-the bound the latest are dropped (counted in ``announcements_dropped``) and the fallback
-interval fetches them."""
 PACE_TICK_S: Final = 0.02
 """With a node rate, starts are admitted in ticks of this length (100 at 5,000/s): one claim
 per tick instead of one per start, which capped a paced node at a few hundred a second."""
@@ -132,22 +135,31 @@ class DispatcherStatistics(msgspec.Struct, frozen=True):
     overlap_deferred: int = 0
     """Left in the ledger because their schedule could not be read (retried on a later fetch)."""
     announcements_dropped: int = 0
-    """Announced instants beyond :data:`ANNOUNCED_MAX`, left to the fallback fetch."""
+    """Announced instants beyond the board's bound, left to the fallback fetch."""
+    due: int = 0
+    """Queued executions released as due when the queue last moved (waiting for their turn,
+    a slot, a cap or a token)."""
+    claim_errors: int = 0
+    """Claims that failed with an unexpected error (logged; their executions stay queued in
+    the ledger for a later fetch)."""
 
 
 class Dispatcher:
     def __init__(
         self,
         config: DispatcherConfig,
+        *,
         ledger: Ledger,
         clock: Clock,
         monitor: ClockMonitor,
         table: PartitionTable,
-        workers: WorkerPool,
+        announcements: Announcements,
+        room: Room,
         limits: ConcurrencyLimits,
-        rng: random.Random,
-        *,
+        schedules: ScheduleCache,
+        kinds: TaskKinds,
         metrics: NodeMetrics,
+        rng: random.Random,
     ) -> None:
         self.config = config
         self._metrics = metrics
@@ -155,8 +167,11 @@ class Dispatcher:
         self._clock = clock
         self._monitor = monitor
         self._table = table
-        self._workers = workers
+        self._announcements = announcements
+        self._room = room
         self._limits = limits
+        self._schedules = schedules
+        self._kinds = kinds
         self._rng = rng
         self.queue: FairQueue[Execution] = FairQueue(max_items=config.queue_max, limits=limits)
         self._bucket = (
@@ -166,33 +181,16 @@ class Dispatcher:
                 config.rate_per_s, config.burst, smoothing_window_s=config.smoothing_window_s
             )
         )
-        self._wake = trio.Event()
         self._fetched = trio.Event()
         self._to_read, self._pages_to_read = trio.open_memory_channel[list[str]](READ_AHEAD_PAGES)
-        self._counts = {
-            "claimed": 0,
-            "not_claimed": 0,
-            "fetches": 0,
-        }
+        self._counts = {"claimed": 0, "not_claimed": 0, "fetches": 0, "claim_errors": 0}
         self._settings_due = -math.inf
         self._recheck_due = -math.inf
-        self._schedules: ScheduleCache = workers.schedules
-        self._task_types: dict[str, TaskType] = {}
-        self.overlap = OverlapGuard(
-            ledger, table, self._schedules, self.queue, limits, rng, self._task_types_get
-        )
+        self.overlap = OverlapGuard(ledger, table, schedules, self.queue, rng, kinds.task_type)
         self._overlap_skipped_counted = 0
         """``overlap.skipped`` when last added to the metrics."""
         self._dispatching: set[str] = set()
         """Popped, and not yet claimed or given up: still startable in the ledger."""
-        self._gate_room: int | None = None
-        """While the dispatch loop waits for room in the worker pool: how much it waits for."""
-        self._claiming = 0
-        """Admitted executions of batches being claimed: they will need a worker too."""
-        self._announced: list[datetime] = []
-        """When to fetch for the work announced so far (its instants less ``fetch_ahead_s``):
-        sorted, distinct, at most :data:`ANNOUNCED_MAX`."""
-        self._announced_dropped = 0
         self._fetch_ahead = timedelta(seconds=config.fetch_ahead_s)
         self._backlog = False
         """The last fetch returned a full page: more is startable than the queue holds."""
@@ -202,42 +200,18 @@ class Dispatcher:
         self._shares = QueueShares(self.queue)
         """The tenants whose backlog runs on beyond their share of the queue, read apart."""
         self._pass_closed_until = -math.inf
+        self._pass_closed_at = -1
         """A full page held only spilled tenants: read the pass on, until this monotonic
-        time, only when new work is announced."""
-
-    def request_fetch(self, at: datetime) -> None:
-        """Fetch in time for ``at`` (when something becomes startable then): ``fetch_ahead_s``
-        before it, so it is queued, with its schedule read, when its instant comes.
-
-        Every announced instant gets its fetch: a fetch reads only what is startable within
-        ``fetch_ahead_s``, so keeping just the earliest announcement left the later
-        instants of a planner's batch to the fallback interval (fires up to
-        ``fetch_interval_s`` late in a steady state)."""
-        fetch_at = at - self._fetch_ahead
-        # Up to the next tenth of a second: a fetch then still reads ``at`` (it reads what is
-        # startable within fetch_ahead_s), and jittered retry instants share fetches.
-        fetch_at += timedelta(microseconds=-fetch_at.microsecond % ANNOUNCE_GRAIN_US)
-        self._pass_closed_until = -math.inf  # the new work may be a tenant's not queued yet
-        announced = self._announced
-        if announced and announced[0] <= fetch_at and fetch_at <= self._monitor.now():
-            return  # a fetch is due already, and reads this too
-        index = bisect.bisect_left(announced, fetch_at)
-        if index < len(announced) and announced[index] == fetch_at:
-            return
-        announced.insert(index, fetch_at)
-        if len(announced) > ANNOUNCED_MAX:
-            announced.pop()  # the latest: the fallback interval fetches it at the latest
-            self._announced_dropped += 1
-        if index == 0:
-            self._wake.set()  # sooner than the fetch loop means to wake
-
-    def finished(self, execution: Execution) -> None:
-        """A worker is done with ``execution``: free its slot for the next one, and release
-        the execution its schedule holds back (``buffer_one``), if any."""
-        self._limits.finished(execution.tenant_id, execution.task_type)
-        self.overlap.started_done(execution.schedule_id)
-        if self._gate_room is None or self._workers.free - self._claiming >= self._gate_room:
-            self._nudge()  # at the gate, only once there is a batch's worth of room
+        time, only when new work is announced (the board's generation moves on)."""
+        self.progress_at = clock.monotonic()
+        """Monotonic time the dispatch loop last could pop (whether or not anything was due)
+        or had nothing due: what the stall watchdog measures from."""
+        self.fetched_at = clock.monotonic()
+        """Monotonic time the last fetch ended, well or not (the fetch loop moves)."""
+        self.fetching = False
+        """A fetch waits on the ledger now (retrying through an outage too): a pipeline
+        waiting on its database is not stalled; the database check says why."""
+        room.on_room = self._nudge
 
     def _count_overlap_skips(self) -> None:
         """Add the executions the overlap guard recorded as skipped since the last time."""
@@ -245,9 +219,6 @@ class Dispatcher:
         if skipped != self._overlap_skipped_counted:
             self._metrics.skipped(SKIP_OVERLAP, skipped - self._overlap_skipped_counted)
             self._overlap_skipped_counted = skipped
-
-    def _task_types_get(self, name: str) -> TaskType | None:
-        return self._task_types.get(name)
 
     def _wants_more(self) -> bool:
         """Whether to fetch at once: a spilled tenant's queued items ran a refill's worth
@@ -261,18 +232,26 @@ class Dispatcher:
         return self._backlog and self._pass_open() and room >= PAGE_SIZE_MAX
 
     def _pass_open(self) -> bool:
-        return self._clock.monotonic() >= self._pass_closed_until
+        return (
+            self._clock.monotonic() >= self._pass_closed_until
+            or self._announcements.generation != self._pass_closed_at
+        )
 
     def _nudge(self) -> None:
         """Wake the dispatch loop: there may be work or room now."""
         self._fetched.set()
         self._fetched = trio.Event()
 
-    async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self,
+        claimed: trio.MemorySendChannel[Attempt],
+        *,
+        task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._fetch_loop)
             nursery.start_soon(self._read_schedules)
-            nursery.start_soon(self._dispatch_loop)
+            nursery.start_soon(self._dispatch_loop, claimed)
             nursery.start_soon(self._watch_partitions)
             task_status.started()
 
@@ -286,8 +265,14 @@ class Dispatcher:
             overlap_skipped=self.overlap.skipped,
             overlap_held=self.overlap.held,
             overlap_deferred=self.overlap.deferred,
-            announcements_dropped=self._announced_dropped,
+            announcements_dropped=self._announcements.dropped,
+            due=max(len(self.queue) - self.queue.statistics().not_yet_due, 0),
+            claim_errors=c["claim_errors"],
         )
+
+    def has_due(self) -> bool:
+        """Whether a queued execution's instant has come (see :meth:`FairQueue.has_due`)."""
+        return self.queue.has_due(self._monitor.now())
 
     async def fetch(self) -> int:
         """Queue the startable executions of the owned partitions: the spilled tenants'
@@ -348,6 +333,7 @@ class Dispatcher:
             # theirs too, read by their refills. Read on at the fallback interval (a tenant
             # behind them) or when new work is announced, not at every wake.
             self._pass_closed_until = self._clock.monotonic() + self.config.fetch_interval_s
+            self._pass_closed_at = self._announcements.generation
         return await self._queue_page(page.queue)
 
     def _is_new(self, execution: Execution) -> bool:
@@ -381,20 +367,31 @@ class Dispatcher:
                 self._cursor = None
                 self._restart_pass = True  # a fetch in flight must not set its cursor
                 self._shares.clear()
-                self.request_fetch(self._monitor.now())
+                self._announcements.announce(self._monitor.now())
             known = owned
 
-    def _pop_batch(self) -> list[Execution]:
-        """What may start now, in fair order, as many as the workers can take and the token
-        bucket admits."""
+    def _pop_batch(self) -> list[Attempt]:
+        """What may start now, in fair order, as many as the room and the token bucket
+        admit; each popped execution an attempt holding its slots."""
         now_mono = self._clock.monotonic()
-        wanted = min(self.config.claim_batch, self._workers.free - self._claiming)
-        if self._bucket is not None:
+        wanted = self._room.claim_size()
+        if wanted > 0:
+            self.progress_at = now_mono  # able to hand work on, whether or not any is due
+        if self._bucket is not None and wanted > 0:
             wanted = min(wanted, self._tokens_now(now_mono))
-        batch = self.queue.pop_many(self._monitor.now(), wanted) if wanted > 0 else []
-        if batch and self._bucket is not None and not self._bucket.take(now_mono, len(batch)):
+        popped = self.queue.pop_many(self._monitor.now(), wanted) if wanted > 0 else []
+        if popped and self._bucket is not None and not self._bucket.take(now_mono, len(popped)):
             raise AssertionError("the token bucket refused what it said it would admit")
-        return batch
+        attempts = []
+        for execution in popped:
+            attempt = self._room.admit(execution)
+            attempt.hold(LIMITS, self._limits.finished, execution.tenant_id, execution.task_type)
+            # Popped but still startable in the ledger: a fetch meanwhile must not queue it
+            # again (a second copy would meet its own hold or run as an overlap).
+            self._dispatching.add(execution.execution_id)
+            attempt.hold(DISPATCHING, self._dispatching.discard, execution.execution_id)
+            attempts.append(attempt)
+        return attempts
 
     def _tokens_now(self, now_mono: float) -> int:
         """How many starts the token bucket admits at once now: a pacing tick's worth, so a
@@ -408,113 +405,85 @@ class Dispatcher:
         tick = max(1, int(per_s * PACE_TICK_S))
         return max(1, min(tick, int(bucket.available(now_mono)), bucket.burst))
 
-    async def _admit_batch(self, batch: list[Execution]) -> tuple[list[Execution], int]:
-        """The overlap policies (:meth:`OverlapGuard.admit`), keeping the popped executions out of
-        fetches until claimed."""
-        # Popped but still in the ledger as startable: a fetch meanwhile must not queue them
-        # again (a second copy would meet its own hold or run as an overlap).
-        popped = [execution.execution_id for execution in batch]
-        self._dispatching.update(popped)
+    async def _admit(self, attempts: list[Attempt]) -> list[Attempt]:
+        """The overlap policies (:meth:`OverlapGuard.admit`); the attempts not admitted are
+        closed (their slots are free again)."""
+        admitted: list[Attempt] = []
         try:
-            admitted, settled = await self.overlap.admit(batch)
-        except BaseException:
-            self._dispatching.difference_update(popped)
-            raise
+            admitted = await self.overlap.admit(attempts)
         finally:
             self._count_overlap_skips()
-        kept = {execution.execution_id for execution in admitted}
-        self._dispatching.difference_update(eid for eid in popped if eid not in kept)
-        self._claiming += len(admitted)
-        return admitted, settled
+            kept = set(admitted)
+            for attempt in attempts:
+                if attempt not in kept:
+                    attempt.close()
+        return admitted
 
-    async def _claim_and_submit(self, admitted: list[Execution]) -> int:
+    async def _claim_and_send(
+        self, attempts: list[Attempt], claimed: trio.MemorySendChannel[Attempt]
+    ) -> None:
+        """Claim ``attempts`` and send the claimed ones to the workers. Each attempt is
+        either sent (the workers own it from then on) or closed here, whatever happens."""
         try:
-            claimed, lease_s, claimed_at = (
-                await self._claim(admitted) if admitted else ([], 0.0, 0.0)
-            )
-            submitted = 0
-            try:
-                for execution in claimed:
-                    await self._workers.submit(
-                        Work(execution, execution.partition_id or 0, lease_s, claimed_at)
-                    )
-                    submitted += 1
-            finally:  # cancelled: the rest never reach a worker
-                self._table.attempts_settled_each(e.partition_id or 0 for e in claimed[submitted:])
+            for attempt in await self._claim(attempts):
+                attempt.release(DISPATCHING)  # running in the ledger: no fetch returns it
+                claimed.send_nowait(attempt)  # sized for every slot: never full
+        except Exception as exc:
+            # Not worth the pipeline: the executions stay queued in the ledger (or running
+            # there under an attempt lease that runs out) and a later fetch finds them.
+            self._counts["claim_errors"] += 1
+            log.error("claiming %d executions failed", len(attempts), exc_info=exc)
         finally:
-            self._dispatching.difference_update(execution.execution_id for execution in admitted)
-            self._claiming -= len(admitted)
-        return len(claimed)
+            for attempt in attempts:
+                if attempt.holds(DISPATCHING):  # not claimed, or never sent
+                    attempt.close()
 
-    async def _claim(self, batch: list[Execution]) -> tuple[list[Execution], float, float]:
-        """The executions of ``batch`` claimed, the attempt lease they got, and the monotonic
-        time at which the successful claim was sent (their attempt leases run from then)."""
-        by_id = {execution.execution_id: execution for execution in batch}
+    async def _claim(self, attempts: list[Attempt]) -> list[Attempt]:
+        """The attempts of ``attempts`` that the ledger gave this node, marked claimed with
+        their attempt lease (running from when the successful claim was sent)."""
         fences: dict[int, Fence] = {}
-        for execution in batch:
-            owned = self._table.get(execution.partition_id or 0)
+        for attempt in attempts:
+            owned = self._table.get(attempt.partition_id)
             if owned is not None and not owned.draining:
                 fences[owned.fence.partition_id] = owned.fence
-        wanted = [e for e in batch if (e.partition_id or 0) in fences]
-        # In flight from now (a hand-back of the partition waits for them), until settled:
-        # below when not claimed, by the workers or the completion writer otherwise.
-        self._table.attempts_started_each(e.partition_id or 0 for e in wanted)
-        claimed: list[Execution] = []
-        try:
-            claimed, lease_s, sent_at = await self._claim_wanted(fences, wanted)
-        finally:
-            started = {execution.execution_id for execution in claimed}
-            self._table.attempts_settled_each(
-                e.partition_id or 0 for e in wanted if e.execution_id not in started
-            )
-        for execution_id, execution in by_id.items():
-            if execution_id not in started:
-                self._limits.finished(execution.tenant_id, execution.task_type)
-                self.overlap.started_done(execution.schedule_id)
-        self._counts["claimed"] += len(started)
-        self._counts["not_claimed"] += len(by_id) - len(started)
-        return claimed, lease_s, sent_at
+        wanted = [a for a in attempts if a.partition_id in fences]
+        for attempt in wanted:
+            # In flight from now (a hand-back of the partition waits for it) until closed.
+            self._table.attempts_started(attempt.partition_id)
+            attempt.hold(IN_FLIGHT, self._table.attempts_settled, attempt.partition_id)
+        lease_s = self.config.attempt_lease_s
+        sent_at = [self._clock.monotonic()]
 
-    async def _claim_wanted(
-        self, fences: dict[int, Fence], wanted: list[Execution]
-    ) -> tuple[list[Execution], float, float]:
-        """Claim ``wanted`` under ``fences``, leaving out the partitions found lost."""
-        claimed: list[Execution] = []
-        lease_s = 0.0
-        sent_at = self._clock.monotonic()
-        while wanted:
-            lease_s = self.config.attempt_lease_s
+        async def claim(fences: list[Fence], attempts: list[Attempt]) -> list[Execution]:
+            sent_at[0] = self._clock.monotonic()
             params = ExecutionsClaim(
-                list(fences.values()),
-                [e.execution_id for e in wanted],
-                lease_s,
-                self.config.node_id,
+                fences, [a.execution.execution_id for a in attempts], lease_s, self.config.node_id
             )
-            try:
-                claimed, sent_at = await retry_unavailable(
-                    functools.partial(self._claim_once, params),
-                    rng=self._rng,
-                    log=log,
-                    what="claim executions",
-                )
-                break
-            except LeaseLost as exc:
-                lost = set(exc.partitions)
-                fences = {p: f for p, f in fences.items() if p not in lost}
-                wanted = [e for e in wanted if (e.partition_id or 0) not in lost]
-        return claimed, lease_s, sent_at
+            return await self._ledger.executions_claim(params)
 
-    async def _claim_once(self, params: ExecutionsClaim) -> tuple[list[Execution], float]:
-        """One claim call, and the monotonic time it was sent at: the attempt leases it
-        grants run from no earlier than that (a retry after an outage starts them anew)."""
-        sent_at = self._clock.monotonic()
-        return await self._ledger.executions_claim(params), sent_at
+        result, _, _ = await call_fenced(
+            fences, wanted, _partition_of, claim, rng=self._rng, log=log,
+            what="claim executions",
+        )  # fmt: skip
+        by_id = {attempt.execution.execution_id: attempt for attempt in wanted}
+        claimed: list[Attempt] = []
+        for execution in result or ():
+            got = by_id.get(execution.execution_id)
+            if got is None:
+                continue
+            got.item = execution  # as claimed: the attempt number, the fencing token
+            got.claimed = True
+            got.lease_s = lease_s
+            got.renewed_at = sent_at[0]
+            claimed.append(got)
+        self._counts["claimed"] += len(claimed)
+        self._counts["not_claimed"] += len(attempts) - len(claimed)
+        return claimed
 
     async def refresh_settings(self) -> None:
         """Apply the stored task-type caps and tenant weights and quotas."""
         task_types = await self._ledger.task_types_list()
-        self._task_types = {task_type.name: task_type for task_type in task_types}
-        self._workers.refresh_task_types(task_types)
+        self._kinds.refresh(task_types)
         for task_type in task_types:
             self._limits.set_task_type_cap(task_type.name, task_type.max_concurrency)
         for tenant in await self._ledger.tenants_list():
@@ -527,9 +496,8 @@ class Dispatcher:
         while True:
             # This fetch reads what is startable within fetch_ahead_s from now: it answers
             # every announcement due by now (and, when it fails, the fallback interval does).
-            now = self._monitor.now()
-            announced = self._announced
-            del announced[: bisect.bisect_right(announced, now)]
+            self._announcements.take_due(self._monitor.now())
+            self.fetching = True
             try:
                 if self._clock.monotonic() >= self._settings_due:
                     await self.refresh_settings()
@@ -540,6 +508,9 @@ class Dispatcher:
                         self._nudge()
             except CarillonError as exc:
                 log.warning("fetching due executions failed: %s", exc)
+            finally:
+                self.fetching = False
+            self.fetched_at = self._clock.monotonic()  # the loop moves, if only to fail
             await self._wait_for_fetch()
 
     async def _wait_for_fetch(self) -> None:
@@ -549,49 +520,50 @@ class Dispatcher:
         fallback_at = self._clock.monotonic() + self.config.fetch_interval_s
         while not self._wants_more():
             wait_s = fallback_at - self._clock.monotonic()
-            if self._announced:
-                ahead_s = (self._announced[0] - self._monitor.now()).total_seconds()
-                wait_s = min(wait_s, ahead_s)
+            next_at = self._announcements.next_at()
+            if next_at is not None:
+                wait_s = min(wait_s, (next_at - self._monitor.now()).total_seconds())
             if wait_s <= 0:
                 return
-            self._wake = trio.Event()
-            with trio.move_on_after(wait_s):
-                await self._wake.wait()
+            await self._announcements.wait(wait_s)
 
-    async def _dispatch_loop(self) -> None:
-        batches, claims = trio.open_memory_channel[list[Execution]](0)
+    async def _dispatch_loop(self, claimed: trio.MemorySendChannel[Attempt]) -> None:
+        batches, claims = trio.open_memory_channel[list[Attempt]](0)
         async with trio.open_nursery() as nursery:
             for _ in range(CLAIMERS):
-                nursery.start_soon(self._claimer, claims)
+                nursery.start_soon(self._claimer, claims, claimed)
             while True:
-                # Claim in batches worth a round trip: until that much room is free in the
-                # worker pool (beyond what is being claimed), wait (each finish nudges).
-                room = min(self.config.claim_batch, self._workers.capacity // 4)
-                while self._workers.free - self._claiming < room:
-                    self._gate_room = room
-                    try:
-                        await self._fetched.wait()
-                    finally:
-                        self._gate_room = None
+                # As many as the room admits now (a claim's worth once enough is free; each
+                # slot given back asks again and nudges), so no threshold goes stale.
                 batch = self._pop_batch()
                 if batch:
-                    admitted, _ = await self._admit_batch(batch)
+                    admitted = await self._admit(batch)
                     if admitted:
-                        await batches.send(admitted)
+                        try:
+                            await batches.send(admitted)
+                        except BaseException:
+                            for attempt in admitted:
+                                attempt.close()
+                            raise
                 if self._wants_more():
-                    self._wake.set()  # the ledger holds more startable work: fetch the next page
+                    self._announcements.wake()  # more is startable: fetch the next page
                 if batch:
                     continue
+                if not self.has_due():
+                    self.progress_at = self._clock.monotonic()  # nothing due: not stalled
                 await self._wait_for_work()
 
     async def _read_schedules(self) -> None:
         async for schedule_ids in self._pages_to_read:
             await self._schedules.prefetch(schedule_ids)
 
-    async def _claimer(self, claims: trio.MemoryReceiveChannel[list[Execution]]) -> None:
+    async def _claimer(
+        self,
+        claims: trio.MemoryReceiveChannel[list[Attempt]],
+        claimed: trio.MemorySendChannel[Attempt],
+    ) -> None:
         async for admitted in claims:
-            await self._claim_and_submit(admitted)
-            self._nudge()  # fewer claimed than admitted leaves room
+            await self._claim_and_send(admitted, claimed)
 
     async def _wait_for_work(self) -> None:
         wait_s = self.config.fetch_interval_s
@@ -614,3 +586,7 @@ class Dispatcher:
 
 def _position(cursor: DueCursor) -> Position:
     return (cursor.startable_at, cursor.execution_id)
+
+
+def _partition_of(attempt: Attempt) -> int:
+    return attempt.partition_id

@@ -17,9 +17,11 @@ Each cycle (every ``ttl / 3``):
    the partition (:meth:`~engine.actors.partitions.PartitionTable.drain`): nothing more of
    it is claimed, while its planner plans on and the attempts already claimed there finish
    and their completions are written under the still-valid fence -- for at most
-   :data:`HAND_BACK_DRAIN_S`, and never past the lease's trust window. Then it drops the
-   partition locally, waits briefly for the planner to stop, and releases the lease, so the
-   joining node takes it at once. Without the drain, those completions would be refused and
+   :data:`HAND_BACK_DRAIN_S`. Then it drops the partition locally, waits briefly for the
+   planner to stop, and releases the lease, so the joining node takes it at once. The
+   hand-back runs beside the cycle, not inside it: the cycle goes on renewing every lease
+   (the draining ones too) while a hand-back waits, so no lease passes its trust window
+   because a hand-back was slow. Without the drain, those completions would be refused and
    the attempts run a second time after their attempt lease. A node of a standby region
    acquires nothing; after a region failover its leases were revoked in the ledger, so its
    next renewal drops them (step 1).
@@ -114,9 +116,20 @@ class LeaseKeeper:
         self._target: int | None = None
         self._wake_at_expiry: float | None = None
         """Local monotonic time just after the earliest live lease of another node expires."""
+        self._background: trio.Nursery | None = None
+        self._handing_back = False
+        """A hand-back is under way (one at a time; a later cycle plans the rest)."""
 
     async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
+        async with trio.open_nursery() as nursery:
+            self._background = nursery
+            task_status.started()
+            try:
+                await self._cycle_forever()
+            finally:
+                self._background = None
+
+    async def _cycle_forever(self) -> None:
         while True:
             changes = self._membership.changes
             # The period runs from the start of a cycle, not its end: a renewal that took
@@ -221,8 +234,12 @@ class LeaseKeeper:
         )
         plan = plan_ownership(self.config.node_id, leases, self._membership.live_nodes, now)
         self._target = plan.target
-        if plan.release:
-            await self._hand_back(plan.release)
+        if plan.release and not self._handing_back:
+            if self._background is None:
+                await self._hand_back(plan.release)  # a step driven on its own (tests)
+            else:
+                self._handing_back = True
+                self._background.start_soon(self._hand_back, plan.release)
         if plan.acquire:
             started = self._clock.monotonic()
             acquired = await self._ledger.leases_acquire(
@@ -243,12 +260,20 @@ class LeaseKeeper:
                 )
 
     async def _hand_back(self, partition_ids: list[int]) -> None:
+        try:
+            await self._drain_and_release(partition_ids)
+        except LedgerUnavailable as exc:
+            # Dropped locally already: the lease runs out on its own within its TTL.
+            log.warning("handing back partitions %s failed: %s", partition_ids, exc)
+        finally:
+            self._handing_back = False
+
+    async def _drain_and_release(self, partition_ids: list[int]) -> None:
         drained = [owned for p in partition_ids if (owned := self._table.drain(p)) is not None]
         if not drained:
             return
         ids = [owned.fence.partition_id for owned in drained]
-        trusted_until = min(owned.trusted_until for owned in drained)
-        with trio.move_on_at(min(self._clock.monotonic() + HAND_BACK_DRAIN_S, trusted_until)):
+        with trio.move_on_at(self._clock.monotonic() + HAND_BACK_DRAIN_S):
             await self._table.wait_settled(ids)
         unsettled = sum(self._table.attempts_in_flight(p) for p in ids)
         if unsettled:

@@ -18,19 +18,18 @@ owner's run are re-checked in the ledger (:meth:`OverlapGuard.recheck_held`).
 from __future__ import annotations
 
 import enum
-import functools
 import logging
 import random
 from collections.abc import Callable
 from datetime import datetime
 from typing import Final
 
+from engine.actors.attempts import OVERLAP, Attempt
 from engine.actors.partitions import PartitionTable
-from engine.actors.retry import retry_unavailable
+from engine.actors.retry import call_fenced
 from engine.actors.schedule_cache import UNCACHED, ScheduleCache
-from engine.core.dispatch import ConcurrencyLimits
 from engine.core.fair_queue import FairQueue
-from engine.errors import CarillonError, LeaseLost
+from engine.errors import CarillonError
 from engine.ledger.base import ExecutionsQuery, ExecutionsSkip, Fence, Ledger
 from engine.model import Execution, ExecutionStatus, OverlapPolicy, TaskType, overlap_policy
 
@@ -44,8 +43,12 @@ HELD_RECHECK_MAX: Final = 100
 """Held executions blocked by a previous owner's run re-checked in the ledger per pass."""
 
 
-def _planned_at(execution: Execution) -> datetime:
-    return execution.planned_at
+def _planned_at(attempt: Attempt) -> datetime:
+    return attempt.execution.planned_at
+
+
+def _partition_of(execution: Execution) -> int:
+    return execution.partition_id or 0
 
 
 class OverlapVerdict(enum.StrEnum):
@@ -64,7 +67,6 @@ class OverlapGuard:
         table: PartitionTable,
         schedules: ScheduleCache,
         queue: FairQueue[Execution],
-        limits: ConcurrencyLimits,
         rng: random.Random,
         task_type: Callable[[str], TaskType | None],
     ) -> None:
@@ -72,7 +74,6 @@ class OverlapGuard:
         self._table = table
         self._schedules = schedules
         self.queue = queue
-        self._limits = limits
         self._rng = rng
         self._task_type = task_type
         self._running: dict[str, int] = {}
@@ -90,17 +91,18 @@ class OverlapGuard:
         """Executions held now (``buffer_one``), waiting for their schedule's run to end."""
         return len(self._held)
 
-    async def admit(self, batch: list[Execution]) -> tuple[list[Execution], int]:
-        """The popped executions that may start (counted as running for their schedule), and
-        how many others were held or skipped. Those not started give their slot back."""
-        admitted: list[Execution] = []
+    async def admit(self, attempts: list[Attempt]) -> list[Attempt]:
+        """The popped attempts that may start, each holding its schedule's overlap slot
+        (``overlap``, given back by :meth:`started_done` when its run ends). The others are
+        held or recorded as skipped; their tickets are the caller's to close."""
+        admitted: list[Attempt] = []
         skipped: list[Execution] = []
-        settled = 0
-        await self._schedules.prefetch([execution.schedule_id for execution in batch])
+        await self._schedules.prefetch([attempt.execution.schedule_id for attempt in attempts])
         # Judged in planned order (stable: a burst's shared instant keeps the pop order), so
         # of two fires of one schedule popped together -- a redelivery and a newer fire --
         # the earlier is the one that starts under ``skip`` and ``buffer_one``.
-        for execution in sorted(batch, key=_planned_at):
+        for attempt in sorted(attempts, key=_planned_at):
+            execution = attempt.execution
             try:
                 verdict = self._verdict_at_once(execution)
                 if verdict is None:
@@ -110,23 +112,19 @@ class OverlapGuard:
                 # later fetch rather than risk an overlap the policy forbids.
                 log.warning("overlap check of %s failed: %s", execution.execution_id, exc)
                 self.deferred += 1
-                self._limits.finished(execution.tenant_id, execution.task_type)
                 continue
             if verdict is OverlapVerdict.START:
-                self._running[execution.schedule_id] = (
-                    self._running.get(execution.schedule_id, 0) + 1
-                )
-                admitted.append(execution)
-                continue
-            self._limits.finished(execution.tenant_id, execution.task_type)
-            settled += 1
-            if verdict is OverlapVerdict.HOLD:
+                schedule_id = execution.schedule_id
+                self._running[schedule_id] = self._running.get(schedule_id, 0) + 1
+                attempt.hold(OVERLAP, self.started_done, schedule_id)
+                admitted.append(attempt)
+            elif verdict is OverlapVerdict.HOLD:
                 self._held[execution.schedule_id] = execution
             else:
                 skipped.append(execution)
         if skipped:
             await self._skip(skipped)
-        return admitted, settled
+        return admitted
 
     def _verdict_at_once(self, execution: Execution) -> OverlapVerdict | None:
         """The verdict of :meth:`_verdict` when it needs no read -- the schedule is cached and
@@ -181,32 +179,22 @@ class OverlapGuard:
             owned = self._table.get(execution.partition_id or 0)
             if owned is not None:
                 fences[owned.fence.partition_id] = owned.fence
-        wanted = [e.execution_id for e in executions if (e.partition_id or 0) in fences]
-        while wanted:
+        wanted = [e for e in executions if (e.partition_id or 0) in fences]
+
+        async def skip(fences: list[Fence], executions: list[Execution]) -> list[str]:
             params = ExecutionsSkip(
-                list(fences.values()),
-                wanted,
+                fences,
+                [e.execution_id for e in executions],
                 OVERLAP_ERROR_CODE,
                 "the previous execution of its schedule was still running",
             )
-            try:
-                done = await retry_unavailable(
-                    functools.partial(self._ledger.executions_skip, params),
-                    rng=self._rng,
-                    log=log,
-                    what="skip overlapping executions",
-                )
-            except LeaseLost as exc:
-                lost = set(exc.partitions)
-                fences = {p: f for p, f in fences.items() if p not in lost}
-                wanted = [
-                    e.execution_id
-                    for e in executions
-                    if (e.partition_id or 0) in fences and e.execution_id in wanted
-                ]
-                continue
-            self.skipped += len(done)
-            return
+            return await self._ledger.executions_skip(params)
+
+        done, _, _ = await call_fenced(
+            fences, wanted, _partition_of, skip, rng=self._rng, log=log,
+            what="skip overlapping executions",
+        )  # fmt: skip
+        self.skipped += len(done or ())
 
     def is_held(self, execution: Execution) -> bool:
         held = self._held.get(execution.schedule_id)

@@ -1,67 +1,70 @@
-"""A bounded pool of workers that run claimed executions through their task type's handler.
+"""The workers: run claimed attempts through their task type's handler.
 
-Each worker takes one claimed execution at a time from a bounded channel, builds the
-:class:`ExecutionContext` (the execution id is the idempotency key), runs the task type's
-handler under the task type's timeout, decides the execution's fate with
-:func:`~engine.core.retry_policy.decide`, and hands the completion to the batched
-:class:`~engine.actors.completions.CompletionWriter`.
+Each worker takes one claimed :class:`~engine.actors.attempts.Attempt` at a time from the
+channel the dispatcher's claimers fill, builds the :class:`ExecutionContext` (the execution
+id is the idempotency key), runs the task type's handler under the task type's timeout,
+decides the execution's fate with :func:`~engine.core.retry_policy.decide`, and sends the
+attempt, its completion attached, on to the completion writer. Whatever happens, the
+worker gives back the attempt's run resources (:meth:`Attempt.run_ended`) in a ``finally``
+and closes the attempt itself when it does not pass it on.
 
-The pool holds at most :attr:`WorkerPool.capacity` claimed executions: one per worker plus a
-hand-off of claimed ones waiting for a worker, so the dispatcher claims the next batches
-while this one runs. The hand-off is sized by how fast handlers finish (a moving average):
-about a second's worth, at most ``handoff_max`` -- a thousand no-op executions, or one per
-worker when each takes a second -- so a claimed execution rarely waits long for its worker.
-The dispatcher claims no more than :attr:`WorkerPool.free` (backpressure).
+**The handler boundary is a wall.** A handler is supposed to return every outcome as a
+value, but whatever escapes it -- any exception, ``SystemExit`` and ``KeyboardInterrupt``
+included -- becomes the *unknown* outcome ``handler_crashed`` of that attempt, logged with
+its traceback. Only trio's cancellation (the node stopping, the attempt abandoned, its
+deadline) passes through. No handler outcome can end a node.
 
-**Attempt leases.** Every claimed execution carries an attempt lease; if it runs out, the
-redeliverer of the partition's owner re-queues the execution for another attempt. While
-the pool holds an execution -- waiting or running -- it renews the lease once a third of it
-has passed (:meth:`WorkerPool.renew_attempt_leases`, fenced like every write), so a long
-handler keeps its attempt. An attempt the ledger no longer has running under this number
-(re-queued after all, completed elsewhere), or one of a partition this node no longer
-owns, is *abandoned*: its handler is cancelled, or it never starts, and no completion is
-written -- the attempt that replaced it is the one that counts. A handler also never starts
-once more than :data:`ATTEMPT_START_WITHIN` of its attempt lease has passed since the claim
-or the last renewal *began*: after that, the lease may have run out (a node frozen or cut
-off from the database) and the partition's owner may have re-queued and re-run the
-execution already.
+**Attempt leases.** Every claimed attempt carries an attempt lease; if it runs out, the
+redeliverer of the partition's owner re-queues the execution for another attempt. While an
+attempt waits for a worker or runs, :meth:`WorkerPool.renew_attempt_leases` renews its
+lease once a third of it has passed (fenced like every write), so a long handler keeps its
+attempt. An attempt the ledger no longer has running under this number (re-queued after
+all, completed elsewhere), or one of a partition this node no longer owns, is *abandoned*:
+its handler is cancelled, or it never starts, and no completion is written -- the attempt
+that replaced it is the one that counts.
 
-Task types are read from the ledger and cached for ``cache_ttl_s`` (a change reaches the
-workers within that time), schedules through the node's shared
-:class:`~engine.actors.schedule_cache.ScheduleCache`. While the ledger is unavailable those
-reads are retried with backoff: a database blip is not the execution's failure and spends
-none of its attempts. A task type that cannot be found or built fails the attempt as
-*unknown* -- retried a few times, then dead-lettered -- rather than crashing the worker.
+**A handler starts only for a partition owned and trusted at that moment**, and only while
+less than :data:`ATTEMPT_START_WITHIN` of its attempt lease has passed since the claim or
+the last renewal *began*: after that, the lease may have run out (a node frozen or cut off
+from the database) and the partition's owner may have re-queued and re-run the execution.
+
+**Durations** feed the pipeline's :class:`~engine.core.admission.HandoffSizer`, measured
+from the handler's start (not from the hand-off, which a frozen process would stretch) and
+clamped to the handler's timeout.
+
+Task types and their handlers come from :class:`~engine.actors.task_kinds.TaskKinds`,
+schedules from the pipeline's :class:`~engine.actors.schedule_cache.ScheduleCache`. While
+the ledger is unavailable those reads are retried with backoff: a database blip is not the
+execution's failure and spends none of its attempts. A task type that cannot be found or
+built fails the attempt as *unknown* (``setup_error``) rather than crashing the worker.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import random
+import traceback
 from collections.abc import Awaitable, Callable
-from datetime import datetime
 from typing import Any, Final, TypeVar
 
 import msgspec
 import trio
 
+from engine.actors.announcements import Announcements
+from engine.actors.attempts import Attempt, Room
 from engine.actors.clock_monitor import ClockMonitor
-from engine.actors.completions import CompletionWriter
 from engine.actors.partitions import PartitionTable
-from engine.actors.retry import retry_unavailable
+from engine.actors.retry import call_fenced, retry_unavailable
 from engine.actors.schedule_cache import UNCACHED, ScheduleCache
+from engine.actors.task_kinds import TaskKind, TaskKinds
 from engine.clock import Clock
+from engine.config import BLOCKING_WORKERS_DEFAULT, WORKERS_DEFAULT
 from engine.core.retry_policy import Decision, RetryPolicy, decide
-from engine.errors import CarillonError, LeaseLost
-from engine.handlers import (
-    ExecutionContext,
-    Handler,
-    HandlerOptions,
-    HandlerResult,
-    OutcomeKind,
-    build_handler,
-)
+from engine.errors import CarillonError
+from engine.handlers import ExecutionContext, HandlerResult, OutcomeKind
+from engine.handlers.base import ERROR_MESSAGE_CHARS_MAX, is_cancellation
 from engine.ledger.base import (
     BATCH_ROWS_MAX,
     AttemptRef,
@@ -72,24 +75,17 @@ from engine.ledger.base import (
     Outcome,
 )
 from engine.metrics import NodeMetrics
-from engine.model import Execution, TaskType
+from engine.model import HandlerKind
 
 log = logging.getLogger("carillon.workers")
 
 T = TypeVar("T")
 
-WORKERS_DEFAULT: Final = 32
-CACHE_TTL_S_DEFAULT: Final = 10.0
 TIMEOUT_GRACE_S: Final = 5.0
 """Extra time a handler gets beyond its task type's timeout before the worker abandons it."""
 HANDOFF_MAX_DEFAULT: Final = 1_000
 """Two claim batches: one being claimed while the workers still hold the other."""
 HANDOFF_WAIT_S_DEFAULT: Final = 1.0
-DURATION_SMOOTHING: Final = 0.05
-"""Weight of the newest handler duration in the moving average."""
-DURATION_S_INITIAL: Final = 1.0
-"""The assumed handler duration before any has finished: a cautious start (a hand-off of
-one execution per worker) that grows as fast handlers finish."""
 RENEW_CHECK_S_DEFAULT: Final = 5.0
 """How often the attempt leases of the executions held here are looked at."""
 RENEW_AFTER_FRACTION: Final = 1 / 3
@@ -100,6 +96,11 @@ ATTEMPT_START_WITHIN: Final = 2 / 3
 lease has passed since the claim (or the last renewal) was sent. In normal operation a
 renewal comes once a third has passed; beyond two thirds, renewals have been failing or the
 node was not running, and the lease may run out before the handler is under way."""
+HANDLER_CRASHED: Final = "handler_crashed"
+"""The ``error_code`` of an attempt whose handler raised instead of returning a result."""
+BLOCKING_KINDS: Final = frozenset({HandlerKind.PYTHON, HandlerKind.SHELL})
+"""Handler kinds that hold a thread or a process while they run: bounded apart."""
+_NO_LIMIT: Final = contextlib.nullcontext()
 _OUTCOMES: Final = {str(outcome): outcome for outcome in Outcome}
 _SUCCEEDED: Final = Decision("succeeded")
 _SETUP_FAILED_POLICY: Final = RetryPolicy()
@@ -116,7 +117,6 @@ def renew_check_s_for(attempt_lease_s: float) -> float:
 
 class WorkerPoolConfig(msgspec.Struct, frozen=True):
     workers: int = WORKERS_DEFAULT
-    cache_ttl_s: float = CACHE_TTL_S_DEFAULT
     handoff_max: int = HANDOFF_MAX_DEFAULT
     """Claimed executions waiting for a free worker at most. They let the dispatcher claim
     the next batches while the workers run this one; their attempt leases are renewed while
@@ -126,6 +126,9 @@ class WorkerPoolConfig(msgspec.Struct, frozen=True):
     than the workers finish in that time, judged by a moving average of handler durations
     (and never fewer than one per worker)."""
     renew_check_s: float = RENEW_CHECK_S_DEFAULT
+    blocking_workers: int = BLOCKING_WORKERS_DEFAULT
+    """Of the workers, how many may run a python or shell attempt at once (each holds a
+    thread or a process); the others wait for one of those, their attempt leases renewed."""
 
 
 class WorkerStatistics(msgspec.Struct, frozen=True):
@@ -137,224 +140,119 @@ class WorkerStatistics(msgspec.Struct, frozen=True):
     """Attempt leases renewed."""
     abandoned: int = 0
     """Attempts given up because this node no longer held them."""
-
-
-class Work(msgspec.Struct, frozen=True):
-    """A claimed execution and what is needed to finish it."""
-
-    execution: Execution
-    partition_id: int
-    attempt_lease_s: float = 60.0
-    """The attempt lease it was claimed with, renewed at the same length."""
-    claimed_at: float | None = None
-    """Monotonic time at which the claim was sent: the attempt lease runs from no earlier
-    than that. ``None``: when handed over."""
-
-
-class _Held:
-    """A claimed execution this pool holds, waiting or running."""
-
-    __slots__ = ("abandoned", "renewed_at", "scope", "work")
-
-    def __init__(self, work: Work, now: float) -> None:
-        self.work = work
-        self.renewed_at = now
-        self.scope: trio.CancelScope | None = None
-        self.abandoned = False
-
-
-class _Kind(msgspec.Struct, frozen=True):
-    """A task type as the workers use it, cached."""
-
-    expires: float
-    task_type: TaskType
-    handler: Handler
-    policy: RetryPolicy
+    crashed: int = 0
+    """Attempts whose handler raised instead of returning (``handler_crashed``)."""
 
 
 class WorkerPool:
+    """``config.workers`` workers between the claimed and the completed channels."""
+
     def __init__(
         self,
         config: WorkerPoolConfig,
+        *,
         ledger: Ledger,
         clock: Clock,
-        completions: CompletionWriter,
-        options: HandlerOptions,
-        rng: random.Random,
-        *,
-        table: PartitionTable,
         monitor: ClockMonitor,
+        table: PartitionTable,
+        kinds: TaskKinds,
+        schedules: ScheduleCache,
+        announcements: Announcements,
+        room: Room,
         metrics: NodeMetrics,
-        on_finished: Callable[[Execution], None] = lambda execution: None,
-        on_retry: Callable[[datetime], None] = lambda at: None,
+        rng: random.Random,
     ) -> None:
         self.config = config
-        self._monitor = monitor
-        self._metrics = metrics
         self._ledger = ledger
         self._clock = clock
-        self._completions = completions
-        self._options = options
-        self._rng = rng
+        self._monitor = monitor
         self._table = table
-        self._on_finished = on_finished
-        self._on_retry = on_retry
-        handoff_max = max(config.handoff_max, config.workers)
-        self._send, self._receive = trio.open_memory_channel[Work](handoff_max)
-        self._handoff_max = handoff_max
-        self._duration_s = DURATION_S_INITIAL
-        self._held: dict[tuple[str, int], _Held] = {}
-        self._kinds: dict[str, _Kind] = {}
-        self._loading: dict[str, trio.Lock] = {}
-        self._unusable: set[tuple[str, int]] = set()
-        """Task types (name, version) that could not be set up here, already logged."""
-        self.schedules = ScheduleCache(ledger, clock, config.cache_ttl_s)
+        self._kinds = kinds
+        self._schedules = schedules
+        self._announcements = announcements
+        self._room = room
+        self._metrics = metrics
+        self._rng = rng
+        self._blocking = trio.CapacityLimiter(config.blocking_workers)
         self._busy = 0
         self._finished: dict[str, int] = {}
-        self._counts = {"renewed": 0, "abandoned": 0}
+        self._counts = {"renewed": 0, "abandoned": 0, "crashed": 0}
 
-    @property
-    def capacity(self) -> int:
-        """Claimed executions this pool holds at most now: one running per worker, and as
-        many waiting as the workers are expected to start within ``handoff_wait_s``."""
-        workers = self.config.workers
-        expected = workers * self.config.handoff_wait_s / max(self._duration_s, 1e-6)
-        return workers + int(min(max(expected, workers), self._handoff_max))
-
-    @property
-    def free(self) -> int:
-        """How many more claimed executions :meth:`submit` takes without waiting."""
-        return max(self.capacity - len(self._held), 0)
-
-    async def submit(self, work: Work) -> None:
-        """Hand a claimed execution to the workers; waits only when :attr:`free` is 0."""
-        key = (work.execution.execution_id, work.execution.attempt)
-        claimed_at = self._clock.monotonic() if work.claimed_at is None else work.claimed_at
-        self._held[key] = _Held(work, claimed_at)
-        try:
-            try:
-                self._send.send_nowait(work)  # room is the rule: the dispatcher counts ``free``
-            except trio.WouldBlock:
-                await self._send.send(work)
-        except BaseException:
-            del self._held[key]
-            raise
-
-    async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self,
+        claimed: trio.MemoryReceiveChannel[Attempt],
+        completed: trio.MemorySendChannel[Attempt],
+        *,
+        task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        # Plain python callables run in trio's worker threads: enough for every blocking slot.
+        threads = trio.to_thread.current_default_thread_limiter()
+        threads.total_tokens = max(threads.total_tokens, self.config.blocking_workers)
         async with trio.open_nursery() as nursery:
             for _ in range(self.config.workers):
-                nursery.start_soon(self._worker)
+                nursery.start_soon(self._worker, claimed, completed)
             nursery.start_soon(self._renew_loop)
             task_status.started()
 
+    @property
+    def busy(self) -> int:
+        """Attempts whose handler runs now."""
+        return self._busy
+
     def statistics(self) -> WorkerStatistics:
+        held = sum(1 for attempt in self._room.open if attempt.running_here)
         return WorkerStatistics(
             self._busy,
             dict(self._finished),
-            waiting=len(self._held) - self._busy,
+            waiting=max(held - self._busy, 0),
             renewed=self._counts["renewed"],
             abandoned=self._counts["abandoned"],
+            crashed=self._counts["crashed"],
         )
-
-    async def task_type(self, name: str) -> tuple[TaskType, Handler]:
-        """The task type ``name`` and its handler, cached for ``cache_ttl_s``."""
-        kind = await self._kind(name)
-        return kind.task_type, kind.handler
-
-    async def _kind(self, name: str) -> _Kind:
-        cached = self._kinds.get(name)
-        if cached is not None and cached.expires > self._clock.monotonic():
-            return cached
-        # One read per task type, however many workers miss at once (a burst has every
-        # worker miss together when the entry expires).
-        async with self._loading.setdefault(name, trio.Lock()):
-            cached = self._kinds.get(name)
-            if cached is not None and cached.expires > self._clock.monotonic():
-                return cached
-            return self._remember(await self._ledger.task_types_get(name))
-
-    def refresh_task_types(self, task_types: list[TaskType]) -> None:
-        """Take the task types just read from the ledger (the dispatcher reads them all
-        every few seconds): changed ones get a new handler, unchanged ones a new expiry.
-
-        A task type this node cannot run (a ``shell`` one on a node without
-        ``--enable-shell``, settings that no longer validate) is logged once per version and
-        left out; its executions fail with ``setup_error`` when they come up, while every
-        other task type keeps running.
-        """
-        for task_type in task_types:
-            try:
-                self._remember(task_type)
-            except CarillonError as exc:
-                key = (task_type.name, task_type.version)
-                if key not in self._unusable:
-                    self._unusable.add(key)
-                    log.warning("task type %r cannot run on this node: %s", task_type.name, exc)
-
-    def _remember(self, task_type: TaskType) -> _Kind:
-        expires = self._clock.monotonic() + self.config.cache_ttl_s
-        cached = self._kinds.get(task_type.name)
-        if cached is not None and cached.task_type == task_type:
-            kind = msgspec.structs.replace(cached, expires=expires)
-        else:
-            handler = build_handler(
-                task_type.kind,
-                task_type.settings,
-                options=self._options,
-                clock=self._monitor.clock(),
-            )
-            policy = RetryPolicy(
-                max_attempts=task_type.max_attempts,
-                backoff_base_s=task_type.backoff_base_s,
-                backoff_max_s=task_type.backoff_max_s,
-            )
-            kind = _Kind(expires, task_type, handler, policy)
-        self._kinds[task_type.name] = kind
-        return kind
 
     # -- running ------------------------------------------------------------------------------
 
-    async def _worker(self) -> None:
-        async for work in self._receive:
-            key = (work.execution.execution_id, work.execution.attempt)
-            held = self._held.get(key)
-            completed = False
+    async def _worker(
+        self,
+        claimed: trio.MemoryReceiveChannel[Attempt],
+        completed: trio.MemorySendChannel[Attempt],
+    ) -> None:
+        async for attempt in claimed:
+            passed_on = False
             try:
-                if held is None or held.abandoned:
+                if attempt.abandoned:
                     continue  # given up while it waited: it never starts
-                self._busy += 1
-                started = self._clock.monotonic()
-                try:
-                    completed = await self._execute(work, held)
-                finally:
-                    self._busy -= 1
-                    duration_s = self._clock.monotonic() - started
-                    self._duration_s += DURATION_SMOOTHING * (duration_s - self._duration_s)
+                if await self._execute(attempt):
+                    attempt.run_ended()  # before the completion waits for room
+                    try:
+                        completed.send_nowait(attempt)
+                    except trio.WouldBlock:
+                        await completed.send(attempt)
+                    passed_on = True
             finally:
-                self._held.pop(key, None)
-                if not completed:  # else in flight until the completion writer settles it
-                    self._table.attempts_settled(work.partition_id)
-                self._on_finished(work.execution)
+                if not passed_on:
+                    attempt.close()
 
-    async def _execute(self, work: Work, held: _Held) -> bool:
-        """Run one attempt; whether its completion went to the completion writer (an
-        abandoned attempt writes none)."""
-        execution = work.execution
+    async def _execute(self, attempt: Attempt) -> bool:
+        """Run one attempt; whether it has a completion to write (an abandoned attempt has
+        none)."""
+        execution = attempt.execution
         policy = _SETUP_FAILED_POLICY
         run_started: float | None = None
+        timeout_s = 0.0
         try:
             # A database blip is not the execution's failure: wait it out (the attempt
             # lease renewals wait too) instead of spending an attempt as a setup error.
             # Both nearly always come from the caches: look there before setting up a read.
             now = self._clock.monotonic()
-            kind = self._kinds.get(execution.task_type)
-            if kind is None or kind.expires <= now:
-                kind = await self._read(functools.partial(self._kind, execution.task_type))
+            kind = self._kinds.cached(execution.task_type, now)
+            if kind is None:
+                kind = await self._read(functools.partial(self._kinds.get, execution.task_type))
                 now = self._clock.monotonic()
             policy = kind.policy
-            cached = self.schedules.cached(execution.schedule_id, now)
+            cached = self._schedules.cached(execution.schedule_id, now)
             schedule = (
-                await self._read(functools.partial(self.schedules.get, execution.schedule_id))
+                await self._read(functools.partial(self._schedules.get, execution.schedule_id))
                 if cached is UNCACHED
                 else cached
             )
@@ -369,31 +267,88 @@ class WorkerPool:
                 # Deleted while it ran: the attempt still gets its context.
                 payload={} if schedule is None else schedule.payload,
             )
-            if held.abandoned:
-                return False  # taken away while its context was prepared
-            run_started = self._clock.monotonic()
-            if run_started - held.renewed_at >= work.attempt_lease_s * ATTEMPT_START_WITHIN:
-                self._abandon(held, "its attempt lease may have run out before it could start")
-                return False
-            timeout_s = kind.task_type.timeout_s
-            delay = self._monitor.now() - execution.planned_at
-            self._metrics.execution_started(execution, delay.total_seconds())
-            # One scope for both ends of a run: the deadline (the handler hangs) and an
-            # abandonment (the attempt was taken away; see _abandon).
-            with trio.CancelScope(deadline=trio.current_time() + timeout_s + TIMEOUT_GRACE_S) as (
-                held.scope
-            ):
-                result = await kind.handler.run(context)
-            if held.scope.cancelled_caught:
-                if held.abandoned:
-                    return False  # no completion: the attempt that replaced it counts
-                result = HandlerResult.transient(
-                    "timeout", f"the handler did not return within {timeout_s:g} s"
-                )
+            async with self._blocking if kind.task_type.kind in BLOCKING_KINDS else _NO_LIMIT:
+                if attempt.abandoned:
+                    return False  # taken away while it waited
+                run_started = self._clock.monotonic()
+                why_not = self._why_not_start(attempt, run_started)
+                if why_not is not None:
+                    self._abandon(attempt, why_not)
+                    return False
+                timeout_s = kind.task_type.timeout_s
+                delay = self._monitor.now() - execution.planned_at
+                self._metrics.execution_started(execution, delay.total_seconds())
+                self._busy += 1
+                try:
+                    result = await self._run_handler(attempt, kind, context, timeout_s)
+                finally:
+                    self._busy -= 1
+            if result is None:
+                return False  # abandoned while it ran: the attempt that replaced it counts
         except CarillonError as exc:
             log.error("execution %s cannot run: %s", execution.execution_id, exc)
             result = HandlerResult.unknown("setup_error", str(exc))
-        ran_s = 0.0 if run_started is None else self._clock.monotonic() - run_started
+        ran_s = 0.0
+        if run_started is not None:
+            ran_s = self._clock.monotonic() - run_started
+            self._room.sizer.observe(ran_s, timeout_s)
+        attempt.completion = self._complete(attempt, result, policy, ran_s)
+        return True
+
+    def _why_not_start(self, attempt: Attempt, now: float) -> str | None:
+        """Why ``attempt``'s handler must not start now, or ``None``."""
+        owned = self._table.get(attempt.partition_id)
+        if owned is None:
+            return "its partition is no longer owned here"
+        if owned.trusted_until <= now:
+            return "its partition's lease is no longer trusted"
+        if now - attempt.renewed_at >= attempt.lease_s * ATTEMPT_START_WITHIN:
+            return "its attempt lease may have run out before it could start"
+        return None
+
+    async def _run_handler(
+        self, attempt: Attempt, kind: TaskKind, context: ExecutionContext, timeout_s: float
+    ) -> HandlerResult | None:
+        """The handler's result; ``None`` when the attempt was abandoned while it ran."""
+        # One scope for both ends of a run: the deadline (the handler hangs) and an
+        # abandonment (the attempt was taken away; see _abandon).
+        deadline = trio.current_time() + timeout_s + TIMEOUT_GRACE_S
+        result: HandlerResult | None = None
+        try:
+            with trio.CancelScope(deadline=deadline) as attempt.scope:
+                result = await kind.handler.run(context)
+        except BaseException as error:  # the wall: see the module docstring
+            if is_cancellation(error):
+                raise
+            return self._crashed(attempt, error)
+        finally:
+            attempt.scope = None
+        if result is not None and not isinstance(result, HandlerResult):
+            return self._crashed(attempt, TypeError(f"the handler returned {result!r}"))
+        if attempt.abandoned:
+            return None
+        if result is None:  # the deadline: the handler ignored its own timeout
+            return HandlerResult.transient(
+                "timeout", f"the handler did not return within {timeout_s:g} s"
+            )
+        return result
+
+    def _crashed(self, attempt: Attempt, error: BaseException) -> HandlerResult:
+        self._counts["crashed"] += 1
+        log.error(
+            "the handler of %s raised instead of returning a result",
+            attempt.execution.execution_id,
+            exc_info=error,
+        )
+        frames = traceback.extract_tb(error.__traceback__)
+        origin = f" (raised at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+        text = f"{type(error).__name__}: {error}"[: ERROR_MESSAGE_CHARS_MAX // 2] + origin
+        return HandlerResult.unknown(HANDLER_CRASHED, text[:ERROR_MESSAGE_CHARS_MAX])
+
+    def _complete(
+        self, attempt: Attempt, result: HandlerResult, policy: RetryPolicy, ran_s: float
+    ) -> Completion:
+        execution = attempt.execution
         if result.kind is OutcomeKind.SUCCEEDED:
             decision = _SUCCEEDED  # what decide() says of a success, without reading the clock
         else:
@@ -408,19 +363,15 @@ class WorkerPool:
         self._finished[decision.outcome] = self._finished.get(decision.outcome, 0) + 1
         self._metrics.execution_finished(execution.task_type, decision.outcome, ran_s)
         if decision.not_before is not None:
-            self._on_retry(decision.not_before)
-        await self._completions.submit(
-            work.partition_id,
-            Completion(
-                execution.execution_id,
-                execution.attempt,
-                _OUTCOMES[decision.outcome],
-                decision.not_before,
-                result.error_code,
-                result.error_message,
-            ),
+            self._announcements.announce(decision.not_before)
+        return Completion(
+            execution.execution_id,
+            execution.attempt,
+            _OUTCOMES[decision.outcome],
+            decision.not_before,
+            result.error_code,
+            result.error_message,
         )
-        return True
 
     async def _read(self, call: Callable[[], Awaitable[T]]) -> T:
         return await retry_unavailable(call, rng=self._rng, log=log, what="prepare an execution")
@@ -436,71 +387,66 @@ class WorkerPool:
                 log.warning("renewing attempt leases failed (retried next round): %s", exc)
 
     async def renew_attempt_leases(self) -> int:
-        """Renew the attempt leases of held executions a third of whose lease has passed;
+        """Renew the attempt leases of held attempts a third of whose lease has passed;
         abandon those this node no longer holds. Returns how many were renewed."""
         now = self._clock.monotonic()
-        by_lease: dict[float, list[_Held]] = {}
-        for held in list(self._held.values()):
-            lease_s = held.work.attempt_lease_s
-            if not held.abandoned and now - held.renewed_at >= lease_s * RENEW_AFTER_FRACTION:
-                by_lease.setdefault(lease_s, []).append(held)
+        by_lease: dict[float, list[Attempt]] = {}
+        for attempt in list(self._room.open):
+            lease_s = attempt.lease_s
+            if attempt.running_here and now - attempt.renewed_at >= lease_s * RENEW_AFTER_FRACTION:
+                by_lease.setdefault(lease_s, []).append(attempt)
         renewed = 0
         for lease_s, group in by_lease.items():
             for first in range(0, len(group), BATCH_ROWS_MAX):
                 renewed += await self._renew(lease_s, group[first : first + BATCH_ROWS_MAX], now)
         return renewed
 
-    async def _renew(self, lease_s: float, group: list[_Held], now: float) -> int:
+    async def _renew(self, lease_s: float, group: list[Attempt], now: float) -> int:
         fences: dict[int, Fence] = {}
-        wanted: list[_Held] = []
-        for held in group:
-            owned = self._table.get(held.work.partition_id)
+        wanted: list[Attempt] = []
+        for attempt in group:
+            owned = self._table.get(attempt.partition_id)
             if owned is None:
-                self._abandon(held, "its partition is no longer owned here")
+                self._abandon(attempt, "its partition is no longer owned here")
                 continue
             fences[owned.fence.partition_id] = owned.fence
-            wanted.append(held)
-        while wanted:
-            params = ExecutionsExtend(
-                list(fences.values()),
-                [
-                    AttemptRef(h.work.execution.execution_id, h.work.execution.attempt)
-                    for h in wanted
-                ],
-                lease_s,
-            )
-            try:
-                extended = set(
-                    await retry_unavailable(
-                        functools.partial(self._ledger.executions_extend, params),
-                        rng=self._rng,
-                        log=log,
-                        what="renew attempt leases",
-                    )
-                )
-            except LeaseLost as exc:
-                lost = set(exc.partitions)
-                for held in wanted:
-                    if held.work.partition_id in lost:
-                        self._abandon(held, "its partition's lease was lost")
-                fences = {p: f for p, f in fences.items() if p not in lost}
-                wanted = [h for h in wanted if h.work.partition_id not in lost]
-                continue
-            for held in wanted:
-                if held.work.execution.execution_id in extended:
-                    held.renewed_at = now
-                else:
-                    self._abandon(held, "the ledger no longer has this attempt running")
-            self._counts["renewed"] += len(extended)
-            return len(extended)
-        return 0
+            wanted.append(attempt)
 
-    def _abandon(self, held: _Held, why: str) -> None:
-        execution = held.work.execution
+        async def extend(fences: list[Fence], attempts: list[Attempt]) -> list[str]:
+            refs = [AttemptRef(a.execution.execution_id, a.execution.attempt) for a in attempts]
+            return await self._ledger.executions_extend(ExecutionsExtend(fences, refs, lease_s))
+
+        result, kept, lost = await call_fenced(
+            fences,
+            wanted,
+            _partition_of,
+            extend,
+            rng=self._rng,
+            log=log,
+            what="renew attempt leases",
+        )
+        for attempt in wanted:
+            if attempt.partition_id in lost:
+                self._abandon(attempt, "its partition's lease was lost")
+        extended = set(result or ())
+        for attempt in kept:
+            if attempt.execution.execution_id in extended:
+                attempt.renewed_at = now
+            else:
+                self._abandon(attempt, "the ledger no longer has this attempt running")
+        self._counts["renewed"] += len(extended)
+        return len(extended)
+
+    def _abandon(self, attempt: Attempt, why: str) -> None:
+        execution = attempt.execution
         log.warning(
             "attempt %d of %s abandoned: %s", execution.attempt, execution.execution_id, why
         )
-        held.abandoned = True
+        attempt.abandoned = True
         self._counts["abandoned"] += 1
-        if held.scope is not None:
-            held.scope.cancel()
+        if attempt.scope is not None:
+            attempt.scope.cancel()
+
+
+def _partition_of(attempt: Attempt) -> int:
+    return attempt.partition_id

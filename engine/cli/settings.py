@@ -54,7 +54,10 @@ _HELP: Final = {
     "catchup_grace_s": "a fire less late than this runs normally; older ones follow catch-up",
     "shutdown_timeout_s": "time allowed for a graceful shutdown after SIGTERM or SIGINT",
     "retention_days": "finished executions are deleted this many days after they finish",
-    "workers": "executions this node runs at once",
+    "workers": "attempts this node runs at once (sized for webhooks: a thousand by default)",
+    "blocking_workers": "python and shell attempts this node runs at once, at most",
+    "webhook_connections_per_host": "most connections open at once to one webhook receiver",
+    "webhook_connections_total": "most webhook connections open at once (file descriptors)",
     "dispatch_rate_per_s": "starts per second across this node; 0 for no limit",
     "dispatch_burst": "starts allowed at once above the rate",
     "dispatch_smoothing_window_s": "spread the burst allowance over this many seconds",
@@ -67,6 +70,15 @@ _HELP: Final = {
         "e.g. 127.0.0.0/8 for a local test receiver"
     ),
     "enable_shell": "true to let shell task types run on this node (off by default)",
+    "enable_python": "true to let python task types run on this node (off by default)",
+    "python_modules": (
+        "comma-separated modules python task types may call into (and their submodules); "
+        "empty for any, once python is enabled"
+    ),
+    "dispatch_queue_max": "due executions fetched into the dispatcher's queue at most",
+    "dispatch_stall_after_s": (
+        "due work waiting this long while workers sit idle is a stall: logged, and /readyz fails"
+    ),
     "log_level": "least severe log records written",
     "log_format": "log line format: human text or one JSON object per line",
     "burst_plan_rate_per_s": (
@@ -88,7 +100,7 @@ _HELP: Final = {
     ),
 }
 
-_EMPTY_MEANS_NONE: Final = frozenset({"http", "webhook_allow_cidrs"})
+_EMPTY_MEANS_NONE: Final = frozenset({"http", "webhook_allow_cidrs", "python_modules"})
 """Text settings whose empty value is meaningful: no HTTP API, no allow-listed networks."""
 
 Kind = Literal["number", "integer", "text", "choice", "boolean"]

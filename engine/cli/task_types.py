@@ -287,12 +287,13 @@ def validate_task_type_settings(kind: HandlerKind, settings: dict[str, Any]) -> 
     """Refuse settings the handler of ``kind`` would refuse (``InvalidField``).
 
     Builds the handler once through the registry (:func:`engine.handlers.build_handler`),
-    with shell handlers allowed: whether a node runs them is that node's policy
-    (``--enable-shell``), not a property of the task type.
+    with shell and python handlers allowed: whether a node runs them is that node's policy
+    (``--enable-shell``, ``--enable-python``), not a property of the task type.
     """
     from engine.handlers import HandlerOptions, build_handler
 
-    build_handler(str(kind), settings, options=HandlerOptions(enable_shell=True))
+    options = HandlerOptions(enable_shell=True, enable_python=True)
+    build_handler(str(kind), settings, options=options)
 
 
 # --- output --------------------------------------------------------------------------------

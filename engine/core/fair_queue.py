@@ -374,6 +374,15 @@ class FairQueue(Generic[T]):
             popped.append(item)
         return popped
 
+    def has_due(self, now: datetime) -> bool:
+        """Whether something queued is due at ``now``: released already and waiting for its
+        turn, a slot, a cap or a token, or pending with its instant come. Reads only: the
+        queue's time moves on with pops alone."""
+        if len(self._items) > self._not_yet_due:
+            return True
+        upcoming = self.next_due_at()
+        return upcoming is not None and upcoming <= now
+
     def _advance(self, now: datetime) -> None:
         """Move the queue's time to ``now`` (never back) and release what is due by then."""
         if self._now is None or now > self._now:

@@ -42,7 +42,7 @@ ERROR_CODE_CHARS_MAX: Final = 100
 
 
 class OutcomeKind(enum.StrEnum):
-    """How an attempt ended, as far as retrying is concerned (ARCHITECTURE.md §6)."""
+    """How an attempt ended, as far as retrying is concerned (``docs/execution.md``)."""
 
     SUCCEEDED = "succeeded"
     TRANSIENT = "transient"
@@ -166,6 +166,11 @@ class HandlerOptions(msgspec.Struct, frozen=True, kw_only=True):
     enable_shell: bool = False
     """Whether ``shell`` task types may run. Off by default: whoever may create a task type
     could otherwise run any command as the node's user, next to its database credentials."""
+    enable_python: bool = False
+    """Whether ``python`` task types may run. Off by default: whoever may create a task type
+    could otherwise import any module of the node's environment and call into it."""
+    python_modules: tuple[str, ...] = ()
+    """Modules (with their submodules) a ``python`` callable may come from; empty: any."""
     webhook_timeout_s: float = TIMEOUT_S_DEFAULT
     """The ``timeout_s`` of a webhook whose settings name none."""
     response_body_max_bytes: int = RESPONSE_BODY_MAX_BYTES_DEFAULT
@@ -184,6 +189,14 @@ class HandlerOptions(msgspec.Struct, frozen=True, kw_only=True):
             problems.append("response_body_max_bytes must be between 0 and 16 MiB")
         if problems:
             raise ConfigError("; ".join(problems))
+
+
+def is_cancellation(error: BaseException) -> bool:
+    """Whether ``error`` is, or carries, trio's cancellation: the one thing a handler (and the
+    wall around it) lets through."""
+    if isinstance(error, trio.Cancelled):
+        return True
+    return isinstance(error, BaseExceptionGroup) and error.subgroup(trio.Cancelled) is not None
 
 
 def check_timeout_s(kind: str, timeout_s: float) -> float:

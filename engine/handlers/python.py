@@ -10,7 +10,13 @@ The function receives the :class:`~engine.handlers.base.ExecutionContext`:
 * returning (any value) → succeeded;
 * raising :class:`engine.TransientError` → transient (its ``retry_after_s`` is passed on);
 * raising :class:`engine.PermanentError` → permanent;
-* raising anything else → unknown, code ``exception:<ClassName>``.
+* raising anything else → unknown, code ``exception:<ClassName>`` -- ``SystemExit``,
+  ``KeyboardInterrupt`` and every other ``BaseException`` included: a callable cannot end
+  the node (only trio's cancellation propagates).
+
+Python task types run only on a node started with ``--enable-python`` (off by default:
+whoever may create a task type could otherwise import and call anything in the node's
+environment), and only from the modules ``--python-modules`` names, when it names any.
 
 ``async def`` functions run on the node's trio loop and are cancelled at ``timeout_s``.
 Plain functions run in a worker thread (``trio.to_thread.run_sync``) with
@@ -36,8 +42,10 @@ from engine.handlers.base import (
     ERROR_MESSAGE_CHARS_MAX,
     TIMEOUT_S_DEFAULT,
     ExecutionContext,
+    HandlerOptions,
     HandlerResult,
     check_timeout_s,
+    is_cancellation,
     parse_settings,
     run_with_timeout,
 )
@@ -80,9 +88,16 @@ def resolve_callable(path: str) -> UserFunction:
 class PythonHandler:
     """Calls one function per attempt; build it with :func:`engine.handlers.build_handler`."""
 
-    def __init__(self, settings: Mapping[str, Any]) -> None:
+    def __init__(self, settings: Mapping[str, Any], *, options: HandlerOptions) -> None:
+        if not options.enable_python:
+            raise InvalidField(
+                "python handlers are disabled on this node: start it with --enable-python to "
+                "allow them (off by default, since a python task type can call any function "
+                "of the node's environment)"
+            )
         parsed = parse_settings("python", settings, PythonSettings)
         self.timeout_s = check_timeout_s("python", parsed.timeout_s)
+        check_module_allowed(parsed.callable, options.python_modules)
         self._path = parsed.callable
         self._function = resolve_callable(parsed.callable)
         self._is_async = inspect.iscoroutinefunction(self._function) or (
@@ -108,11 +123,26 @@ class PythonHandler:
             )
         except PermanentError as error:
             return HandlerResult.permanent(_code(error), _message(error))
-        except Exception as error:
+        except BaseException as error:  # SystemExit included: a callable cannot end the node
+            if is_cancellation(error):
+                raise
             # Keep the origin even when the message is long: it is what finds the bug.
             text = _message(error)[: ERROR_MESSAGE_CHARS_MAX // 2]
             return HandlerResult.unknown(_code(error), text + _origin(error))
         return HandlerResult.succeeded()
+
+
+def check_module_allowed(path: str, allowed: tuple[str, ...]) -> None:
+    """:class:`InvalidField` unless ``path``'s module is one of ``allowed`` or below one
+    (an empty ``allowed`` allows every module)."""
+    if not allowed:
+        return
+    module = path.partition(":")[0]
+    if not any(module == name or module.startswith(name + ".") for name in allowed):
+        raise InvalidField(
+            f"python handler: module {module!r} is not allowed on this node "
+            f"(--python-modules allows {', '.join(allowed)})"
+        )
 
 
 def _code(error: BaseException) -> str:

@@ -2,8 +2,8 @@
 
 Building validates everything that can be checked without running the effect (setting
 names and types, URLs, secrets, importability of Python callables, node policy such as
-``--enable-shell``), so ``carillon task-type set`` can refuse bad settings before storing
-them, and the worker pool can build handlers once per task type.
+``--enable-shell`` and ``--enable-python``), so ``carillon task-type set`` can refuse bad
+settings before storing them, and the worker pool can build handlers once per task type.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any, Final
 from engine.clock import Clock, SystemClock
 from engine.errors import InvalidField
 from engine.handlers.base import Handler, HandlerOptions
+from engine.handlers.http_client import WebhookClient
 from engine.handlers.noop import NoopHandler
 from engine.handlers.python import PythonHandler
 from engine.handlers.shell import ShellHandler
@@ -28,18 +29,22 @@ def build_handler(
     *,
     options: HandlerOptions,
     clock: Clock | None = None,
+    webhook_client: WebhookClient | None = None,
 ) -> Handler:
     """A ready handler of ``kind`` configured by ``settings``.
 
     ``clock`` supplies wall time where a handler needs it (webhook signature timestamps,
-    HTTP-date ``Retry-After``); the system clock by default. Raises
+    HTTP-date ``Retry-After``); the system clock by default. ``webhook_client`` is the
+    node's shared HTTP client for webhooks (a per-run default without one). Raises
     :class:`~engine.errors.InvalidField` for an unknown kind or bad settings, with a message
     that says how to fix them.
     """
     if kind == "webhook":
-        return WebhookHandler(settings, options=options, clock=clock or SystemClock())
+        return WebhookHandler(
+            settings, options=options, clock=clock or SystemClock(), client=webhook_client
+        )
     if kind == "python":
-        return PythonHandler(settings)
+        return PythonHandler(settings, options=options)
     if kind == "shell":
         return ShellHandler(settings, options=options)
     if kind == "noop":

@@ -38,6 +38,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--pg-down", type=float, help="seconds PostgreSQL stays stopped (2)")
     parser.add_argument(
+        "--slow-receiver-ms",
+        type=float,
+        help="how late the receiver answers in the slow-receiver fault (1500; 0: no such fault)",
+    )
+    parser.add_argument(
         "--workdir",
         type=Path,
         help="keep logs and the sink's records here (default: a temporary "
@@ -56,6 +61,7 @@ def config_from(args: argparse.Namespace) -> ChaosConfig:
         "partitions": args.partitions,
         "lease_ttl_s": args.lease_ttl,
         "pg_down_s": args.pg_down,
+        "slow_receiver_ms": args.slow_receiver_ms,
     }
     config = dataclasses.replace(config, **{k: v for k, v in changes.items() if v is not None})
     if config.nodes < 2 or config.schedules < 1:

@@ -19,6 +19,7 @@ from typing import Final
 from engine.actors.dispatcher import FETCH_INTERVAL_S_DEFAULT
 from engine.actors.redeliverer import REDELIVER_INTERVAL_S_DEFAULT
 from engine.actors.retry import LEDGER_BACKOFF
+from engine.config import WEBHOOK_CONNECTIONS_PER_HOST_DEFAULT
 
 DRAIN_RATE_FLOOR_PER_S: Final = 250.0
 """Webhook deliveries per second the whole cluster is assumed to reach at least, on a loaded
@@ -54,6 +55,10 @@ class ChaosConfig:
     """How long a SIGKILLed node stays dead before it is started again (new id)."""
     pg_down_s: float = 2.0
     """How long PostgreSQL stays stopped in the restart fault."""
+    slow_receiver_ms: float = 1500.0
+    """How late the receiver answers in the slow-receiver fault (0: no such fault)."""
+    slow_receiver_s: float = 40.0
+    """How long the receiver stays slow."""
     fault_offset_s: float = 0.05
     """Faults strike this long after a burst instant: a burst of 2,000 takes a second or two
     to deliver, so its work is in flight. Negative: before the instant, when the burst is
@@ -100,6 +105,7 @@ def quick_config() -> ChaosConfig:
         attempt_lease_s=4.0,
         restart_gap_s=5.0,
         fault_offset_s=-0.5,
+        slow_receiver_s=15.0,
         quick=True,
     )
 
@@ -115,6 +121,15 @@ HEALED_PERIODS: Final = 3
 the one it strikes, then at least two with everything healed."""
 
 
+def drain_rate_per_s(config: ChaosConfig) -> float:
+    """The deliveries per second a burst drains at, at least: the floor, or while the
+    receiver is slow, one node's connections to it, each held for the latency."""
+    if config.slow_receiver_ms <= 0:
+        return DRAIN_RATE_FLOOR_PER_S
+    slow = WEBHOOK_CONNECTIONS_PER_HOST_DEFAULT / (config.slow_receiver_ms / 1000)
+    return min(DRAIN_RATE_FLOOR_PER_S, slow)
+
+
 @dataclass(frozen=True)
 class StartDelayBound:
     """Planned instant -> first delivery at the sink, for a fire that meets one fault.
@@ -125,6 +140,11 @@ class StartDelayBound:
     fetch_interval``: when the lost node comes back, the others hand partitions back, and an
     execution they had claimed but not started is abandoned and waits for its attempt lease
     to run out before the new owner re-queues it.
+
+    ``pipeline`` is the larger of the burst's drain at the floor rate and its drain while
+    the receiver is slow: then one node's deliveries are bounded by its connections to the
+    receiver (``--webhook-connections-per-host``) each held ``slow_receiver_ms``, so a burst
+    of N drains within ``N / (connections / latency)`` even with one node left.
     """
 
     lease_ttl_s: float
@@ -152,7 +172,7 @@ class StartDelayBound:
             lease_cycle_s=config.renew_interval_s,
             redeliver_interval_s=REDELIVER_INTERVAL_S_DEFAULT,
             fetch_interval_s=FETCH_INTERVAL_S_DEFAULT,
-            pipeline_s=PIPELINE_BASE_S + config.schedules / DRAIN_RATE_FLOOR_PER_S,
+            pipeline_s=PIPELINE_BASE_S + config.schedules / drain_rate_per_s(config),
             handler_retry_s=config.backoff_base_s * (1 + HANDLER_RETRY_JITTER),
         )
 
@@ -191,6 +211,6 @@ class StartDelayBound:
             ("redeliverer interval", self.redeliver_interval_s),
             ("dispatcher fallback fetch", self.fetch_interval_s),
             ("rebalance: attempt lease + redeliverer + fetch", self.rebalance_s),
-            ("pipeline (burst / drain floor + base)", self.pipeline_s),
+            ("pipeline (burst / drain rate, slow receiver included, + base)", self.pipeline_s),
             ("one handler retry (backoff base + jitter)", self.handler_retry_s),
         ]  # fmt: skip

@@ -10,6 +10,9 @@ ChaosConfig`): in the middle of a big burst, or just before a small one.
   it: a zombie whose fences are all stale.
 * :meth:`Faults.restart_postgres` -- stop the database in ``fast`` mode (every connection
   cut, open transactions rolled back), keep it down ``pg_down_s``, start it again.
+* :meth:`Faults.slow_receiver` -- the webhook receiver answers every delivery
+  ``slow_receiver_ms`` late for ``slow_receiver_s``, then fast again: the nodes' handlers
+  turn slow under a burst and recover (the condition that once stalled a node for good).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from simulations.chaos.audit import lease_owners
 from simulations.chaos.config import ChaosConfig
 from simulations.chaos.nodes import NodeProcess, NodeSettings, lease_losses, metrics_until
 from simulations.chaos.postgres import PrivatePostgres
+from simulations.chaos.sink import SinkProcess
 from simulations.chaos.zombie import ZombieRecord
 
 TAKEOVER_WAIT_FACTOR = 4.0
@@ -139,6 +143,17 @@ class Faults:
         time.sleep(self.config.lease_ttl_s)
         record.losses_after = lease_losses(metrics_until(victim, self.config.lease_ttl_s))
         return record
+
+    def slow_receiver(self, sink: SinkProcess, at_wall: float) -> None:
+        sleep_until(at_wall)
+        sink.set_latency(self.config.slow_receiver_ms)
+        self.timeline.note(
+            f"the receiver answers {self.config.slow_receiver_ms:g} ms late "
+            f"for {self.config.slow_receiver_s:g} s"
+        )
+        time.sleep(self.config.slow_receiver_s)
+        sink.set_latency(0)
+        self.timeline.note("the receiver answers at once again")
 
     def restart_postgres(self, at_wall: float) -> float:
         sleep_until(at_wall)

@@ -166,6 +166,9 @@ def _run(config: ChaosConfig, work: Path, quiet: bool) -> RunResult:
         at = _settle(config, stage, t0, worst_s, timeline)
         zombie = faults.pause(stage.cluster.running[1], at + offset)
         at = _settle(config, stage, t0, worst_s, timeline)
+        if config.slow_receiver_ms > 0:
+            faults.slow_receiver(stage.sink, at + offset)
+            at = _settle(config, stage, t0, worst_s, timeline)
         outage = faults.restart_postgres(at + offset)
         end = max(t0 + config.window_s, at + HEALED_PERIODS * config.period_s)
         window = (float(t0), float(end))

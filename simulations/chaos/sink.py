@@ -16,6 +16,8 @@ as a *counting* one (raw deliveries) -- so a run reports both the effectively-on
 and the at-least-once delivery count.
 
 ``GET /summary`` answers ``{"deliveries": n, "keys": k}`` (progress while the run goes on).
+``POST /_latency?ms=N`` makes every later delivery wait ``N`` ms before its answer (the
+arrival is still recorded when the head is read): a receiver that turns slow and recovers.
 Records are flushed every 0.1 s and on SIGTERM/SIGINT, after which the process exits 0.
 
 :class:`SinkProcess` starts it from a run script (the chaos run, the multi-region game day)
@@ -32,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Final, TextIO
 
@@ -49,6 +52,8 @@ class Recorder:
         self._out = out
         self.deliveries = 0
         self.keys: set[str] = set()
+        self.latency_s = 0.0
+        """How long each delivery waits for its answer (``POST /_latency?ms=N``)."""
 
     def record(self, arrival_s: float, headers: dict[str, str]) -> None:
         key = headers.get("idempotency-key", "")
@@ -108,8 +113,13 @@ async def _serve_connection(
             if length:
                 await reader.readexactly(length)
             close = headers.get("connection", "").lower() == "close"
-            if method == "POST":
+            if method == "POST" and target.startswith("/_latency?ms="):
+                recorder.latency_s = max(float(target.partition("=")[2]), 0.0) / 1000
+                await _respond(writer, "200 OK", b"{}", close)
+            elif method == "POST":
                 recorder.record(arrival_s, headers)
+                if recorder.latency_s:
+                    await asyncio.sleep(recorder.latency_s)
                 await _respond(writer, "200 OK", b"{}", close)
             elif method == "GET" and target == "/summary":
                 await _respond(writer, "200 OK", recorder.summary(), close)
@@ -198,6 +208,15 @@ class SinkProcess:
         with contextlib.suppress(FileNotFoundError), self.path.open() as records:
             return {line.split("\t", 2)[1] for line in records if line.count("\t") >= 5}
         return set()
+
+    def set_latency(self, ms: float) -> None:
+        """Every later delivery waits ``ms`` before its answer."""
+        base = self.url.rsplit("/", 1)[0]
+        with urllib.request.urlopen(
+            urllib.request.Request(f"{base}/_latency?ms={ms:g}", data=b"", method="POST"),
+            timeout=5,
+        ) as answer:
+            answer.read()
 
     def stop(self) -> None:
         """SIGTERM (the sink flushes its file and exits), SIGKILL after a timeout."""

@@ -14,11 +14,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import msgspec
 import trio
 
-from engine.actors.dispatcher import Dispatcher
-from engine.config import NodeConfig
+from engine.config import WORKERS_DEFAULT, NodeConfig
 from engine.core.timetable import Timetable, TimetableCache
 from engine.errors import LeaseLost, LedgerUnavailable
 from engine.ledger.base import ExecutionsQuery, SchedulesCreate
@@ -46,6 +44,8 @@ class FaultyLedger:
         self.paused_in_flight = trio.Event()
         self.slow: dict[str, float] = {}
         """Extra seconds each call of the named method takes (a slow round trip)."""
+        self.raise_once: dict[str, BaseException] = {}
+        """The next call of the named method raises this (an unexpected error, a bug)."""
 
     def pause(self) -> None:
         """Freeze: calls block (shielded) until :meth:`resume`, then go out as sent."""
@@ -68,6 +68,10 @@ class FaultyLedger:
             if self.crashed:
                 await trio.lowlevel.checkpoint()
                 raise LedgerUnavailable("node crashed")
+            injected = self.raise_once.pop(name, None)
+            if injected is not None:
+                await trio.lowlevel.checkpoint()
+                raise injected
             if self._pause_on == name:
                 self._pause_on = None
                 self.pause()
@@ -128,26 +132,18 @@ class Cluster:
             "clock_probe_interval_s": 10,
             "change_poll_interval_s": 30,
             "http": "",  # many nodes in one process: no HTTP API
+            "enable_python": True,  # the tests' task types are python callables
         }
         settings.update(self.config_overrides)
+        # The tests' python callables stand in for any handler: let as many run as workers.
+        settings.setdefault("blocking_workers", settings.get("workers", WORKERS_DEFAULT))
         if region is not None:
             settings["region"] = region
+        if dispatch_queue_max is not None:
+            # A queue bound far below a test's backlog (the node's is 50,000).
+            settings["dispatch_queue_max"] = dispatch_queue_max
         config = NodeConfig(node_id=node_id, **settings)
         node = Node(config, proxy, clock, random.Random(node_id))  # type: ignore[arg-type]
-        if dispatch_queue_max is not None:
-            # A queue bound far below a test's backlog (the node's is 50,000): swapped in
-            # before the node starts, built from the node's own parts.
-            node.dispatcher = Dispatcher(
-                msgspec.structs.replace(node.dispatcher.config, queue_max=dispatch_queue_max),
-                proxy,  # type: ignore[arg-type]
-                clock,
-                node.clock_monitor,
-                node.table,
-                node.workers,
-                node.limits,
-                random.Random(node_id),
-                metrics=node.metrics,
-            )
         sim = SimNode(node, proxy, clock)
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

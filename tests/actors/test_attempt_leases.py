@@ -7,7 +7,7 @@ from datetime import timedelta
 import trio
 import trio.testing
 
-from engine.actors.workers import Work
+from engine.core.hashing import partition_of
 from engine.ledger.base import ExecutionsExtend, TaskTypesPut
 from engine.model import Execution, ExecutionStatus, HandlerKind, TaskType
 from tests.actors import probe_handlers
@@ -92,17 +92,18 @@ async def test_the_hand_off_shrinks_to_one_per_worker_when_handlers_are_slow(
     two_seconds = TaskType(name="noop", kind=HandlerKind.NOOP, settings={"delay_s": 2})
     async with cluster(workers=4) as c:
         await create(c.ledger, make_schedules(200, START, lambda n: ("0 * * * *", "UTC")))
-        pool = (await c.start_node("n1")).node.workers
-        assert pool.capacity == 4 + 4  # before anything ran: one waiting per worker
+        node = (await c.start_node("n1")).node
+        pool, sizer = node.workers, node.pipeline.room.sizer
+        assert sizer.capacity == 4 + 4  # before anything ran: one waiting per worker
         await c.ledger.task_types_put(TaskTypesPut(two_seconds))
         await trio.sleep(3600 + 180)
         assert pool.statistics().finished == {"succeeded": 200}
         # 2 s per execution, 4 workers: 2 finish per second, fewer than one per worker.
-        assert pool.capacity == 4 + 4
+        assert sizer.capacity == 4 + 4
         await c.ledger.task_types_put(TaskTypesPut(TaskType(name="noop", kind=HandlerKind.NOOP)))
         await trio.sleep(3600)
         assert pool.statistics().finished == {"succeeded": 400}
-        assert pool.capacity == 4 + 1_000  # instant handlers: a full hand-off
+        assert sizer.capacity == 4 + 1_000  # instant handlers: a full hand-off
 
 
 PROBE = TaskType(
@@ -125,19 +126,21 @@ async def test_a_claimed_execution_never_starts_once_its_attempt_lease_may_have_
         with trio.fail_after(60):
             while len(node.table) < PARTITIONS:
                 await trio.sleep(1)
-        partition = next(iter(node.table))
-        owned = node.table.get(partition)
-        assert owned is not None
 
         async def run(key: str, claimed_s_ago: float) -> None:
+            partition = partition_of(key, PARTITIONS)  # as the ledger places it
+            owned = node.table.get(partition)
+            assert owned is not None
             execution = Execution(
                 execution_id=f"{key}:2026-03-02T00:00:00Z", schedule_id=key, tenant_id="t",
                 task_type="probe", planned_at=START, status=ExecutionStatus.RUNNING, attempt=1,
                 fencing_token=owned.fence.fencing_token, partition_id=partition,
             )  # fmt: skip
-            node.limits.started("t", "probe")  # as the dispatcher does when it claims
-            claimed_at = trio.current_time() - claimed_s_ago
-            await node.workers.submit(Work(execution, partition, 60.0, claimed_at))
+            # As the dispatcher hands on what it claimed: an attempt holding its slot.
+            attempt = node.pipeline.room.admit(execution)
+            attempt.claimed, attempt.lease_s = True, 60.0
+            attempt.renewed_at = trio.current_time() - claimed_s_ago
+            node.pipeline.hand_over(attempt)
             await trio.sleep(0.5)
 
         await run("just-claimed", 0.0)

@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from engine.actors.dispatcher import ANNOUNCED_MAX
+from engine.actors.announcements import ANNOUNCED_MAX
 from engine.actors.lease_keeper import HAND_BACK_DRAIN_S
 from engine.ledger.base import TaskTypesPut
 from engine.model import CatchUpPolicy, ExecutionStatus, HandlerKind, Schedule, TaskType
@@ -452,6 +452,33 @@ async def test_a_hand_back_waits_for_running_attempts_at_most_its_drain_bound(
     assert rerun == {eid for eid, runs in probe_handlers.RUNS.items() if runs > 1}
 
 
+async def test_a_slow_hand_back_never_lets_the_leases_it_keeps_pass_their_trust_window(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A hand-back that waits its whole drain bound (handlers far longer) while the node's
+    other leases have a trust window shorter than that wait: renewals go on beside it, so
+    the node keeps every lease it does not hand back (the hand-back once waited inside the
+    renewal cycle, and a 3 s TTL's kept leases ran out of trust meanwhile)."""
+    probe_handlers.reset(run_s=40.0)
+    probe = msgspec.structs.replace(
+        PROBE, settings={**PROBE.settings, "timeout_s": 120}, timeout_s=120
+    )
+    fire = START.replace(minute=0, second=0) + timedelta(hours=1)
+    async with cluster(workers=64, lease_ttl_s=3, lease_safety_margin_s=0.5) as c:
+        await c.ledger.task_types_put(TaskTypesPut(probe))
+        await create(c.ledger, probe_schedules(60, "0 * * * *"))
+        n1 = await c.start_node("n1")
+        await trio.sleep((fire - c.db_clock.now()).total_seconds() + 1)
+        assert probe_handlers.RUNNING["type:probe"] == 60
+        await c.start_node("n2")
+        await trio.sleep(30)
+        statistics = n1.node.lease_keeper.statistics()
+        assert sorted(len(p) for p in c.owners().values()) == [8, 8]
+    # Each kept lease renewed throughout: none lost, expired or taken and given back again.
+    assert (statistics.acquired, statistics.released) == (16, 8)
+    assert (statistics.lost, statistics.expired_locally) == (0, 0)
+
+
 async def test_a_node_shutting_down_mid_burst_lets_its_running_attempts_finish_first(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -504,11 +531,12 @@ async def test_announced_instants_are_bounded_and_the_overflow_is_counted(
     async with cluster() as c:
         sim = await c.start_node("n1")
         dispatcher = sim.node.dispatcher
+        board = sim.node.announcements
         soon = (c.db_clock.now() + timedelta(minutes=10)).replace(microsecond=0)
         # Retry instants carry jitter: those within a tenth of a second share one fetch.
         for n in range(ANNOUNCED_MAX + 100):
-            dispatcher.request_fetch(soon + timedelta(seconds=n / 10))
-            dispatcher.request_fetch(soon + timedelta(seconds=n / 10, milliseconds=-30))
+            board.announce(soon + timedelta(seconds=n / 10))
+            board.announce(soon + timedelta(seconds=n / 10, milliseconds=-30))
         # The last 100 tenths did not fit: both announcements of each were dropped.
         assert dispatcher.statistics().announcements_dropped == 2 * 100
         sim.scope.cancel()

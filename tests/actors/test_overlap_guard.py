@@ -9,10 +9,10 @@ from datetime import timedelta
 import trio
 import trio.testing
 
+from engine.actors.attempts import OVERLAP, Attempt
 from engine.actors.overlap import OverlapGuard
 from engine.actors.partitions import PartitionTable
 from engine.actors.schedule_cache import ScheduleCache
-from engine.core.dispatch import ConcurrencyLimits
 from engine.core.fair_queue import FairQueue
 from engine.ledger.base import (
     ExecutionsPlan,
@@ -52,22 +52,19 @@ async def test_of_two_fires_of_a_skip_schedule_popped_together_the_earlier_start
     page = await ledger.executions_query(ExecutionsQuery(schedule_id="report", limit=10))
     earlier, later = sorted(page.items, key=lambda e: e.planned_at)
 
-    limits = ConcurrencyLimits()
     guard = OverlapGuard(
         ledger,
         table,
         ScheduleCache(ledger, clock, ttl_s=10),
-        FairQueue[Execution](limits=limits),
-        limits,
+        FairQueue[Execution](),
         random.Random(1),
         {SLOW.name: SLOW}.get,
     )
-    for _ in fires:
-        limits.started("acme", "slow")  # as the queue counts each pop
-    admitted, settled = await guard.admit([later, earlier])
+    attempts = [Attempt(later), Attempt(earlier)]
+    admitted = await guard.admit(attempts)
 
-    assert [e.execution_id for e in admitted] == [earlier.execution_id]
-    assert settled == 1
+    assert [a.execution.execution_id for a in admitted] == [earlier.execution_id]
+    assert admitted[0].held == (OVERLAP,)  # its schedule's slot, until its run ends
     stored = {
         e.planned_at: e
         for e in (

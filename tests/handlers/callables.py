@@ -63,3 +63,15 @@ def _wrapped(context: ExecutionContext) -> Any:
 
 plain_wrapper_of_coroutine = _wrapped
 """A plain function returning a coroutine, as a careless decorator produces."""
+
+
+def sync_exits(context: ExecutionContext) -> None:
+    raise SystemExit(2)
+
+
+async def async_exits(context: ExecutionContext) -> None:
+    raise SystemExit("bye")
+
+
+async def async_interrupts(context: ExecutionContext) -> None:
+    raise KeyboardInterrupt

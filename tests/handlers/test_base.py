@@ -18,7 +18,7 @@ from engine.handlers import (
 from engine.handlers.base import ERROR_MESSAGE_CHARS_MAX, run_with_timeout
 from tests.handlers.conftest import make_context
 
-OPTIONS = HandlerOptions()
+OPTIONS = HandlerOptions(enable_python=True)
 
 
 def test_failure_messages_are_cut_to_the_bound() -> None:

@@ -13,7 +13,7 @@ from engine.handlers.base import Handler
 from tests.handlers import callables
 from tests.handlers.conftest import make_context
 
-OPTIONS = HandlerOptions()
+OPTIONS = HandlerOptions(enable_python=True)
 
 
 def python(path: str, **settings: object) -> Handler:
@@ -104,3 +104,34 @@ async def test_cancellation_from_outside_propagates() -> None:
 def test_unresolvable_callables_are_refused_when_built(path: str, fragment: str) -> None:
     with pytest.raises(InvalidField, match=fragment):
         build_handler("python", {"callable": path}, options=OPTIONS)
+
+
+def test_python_handlers_are_refused_unless_the_node_enables_them() -> None:
+    with pytest.raises(InvalidField, match="--enable-python"):
+        build_handler(
+            "python", {"callable": "tests.handlers.callables:sync_ok"}, options=HandlerOptions()
+        )
+
+
+def test_the_module_allow_list_admits_its_modules_and_their_submodules_only() -> None:
+    allowed = HandlerOptions(enable_python=True, python_modules=("tests.handlers",))
+    build_handler("python", {"callable": "tests.handlers.callables:sync_ok"}, options=allowed)
+    narrow = HandlerOptions(enable_python=True, python_modules=("tests.handlers.call",))
+    with pytest.raises(InvalidField, match="not allowed on this node"):
+        # A prefix of the name is not a parent module: ``call`` does not admit ``callables``.
+        build_handler("python", {"callable": "tests.handlers.callables:sync_ok"}, options=narrow)
+    with pytest.raises(InvalidField, match="not allowed on this node"):
+        build_handler("python", {"callable": "os:system"}, options=allowed)
+
+
+@pytest.mark.parametrize("path", ["sync_exits", "async_exits", "async_interrupts"])
+async def test_system_exit_and_keyboard_interrupt_are_failures_of_the_attempt(path: str) -> None:
+    result = await python(path).run(make_context())
+    assert result.kind is OutcomeKind.UNKNOWN
+    assert result.error_code in ("exception:SystemExit", "exception:KeyboardInterrupt")
+
+
+async def test_cancellation_still_propagates_through_a_python_handler() -> None:
+    with trio.move_on_after(0.05) as scope:
+        await python("sleeps_forever").run(make_context())
+    assert scope.cancelled_caught

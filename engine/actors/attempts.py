@@ -1,0 +1,128 @@
+"""An attempt on its way through the execution pipeline, and the room it takes there.
+
+:class:`Attempt` is the :class:`~engine.core.admission.AttemptTicket` of one popped
+execution. It is created by the dispatcher when the fair queue hands it an execution, moves
+on trio channels from stage to stage (dispatcher -> workers -> completion writer), and holds
+these resources until each is given back exactly once:
+
+===============  ==================================  ========================================
+resource         taken                               given back
+===============  ==================================  ========================================
+``open``         created                             closed (the pipeline's teardown closes
+                                                     every attempt still open)
+``slot``         popped (counts toward the room)     its handler ended, or it never ran
+``limits``       popped (the fair queue reserved     its handler ended, or it never ran
+                 the tenant's and task type's slot)
+``dispatching``  popped (kept out of fetches while   claimed or not claimed
+                 still startable in the ledger)
+``overlap``      admitted by the overlap policy      its handler ended, or it never ran
+``in_flight``    sent to be claimed (a partition     its completion was written or dropped,
+                 hand-back waits for it)             or it was not claimed or abandoned
+===============  ==================================  ========================================
+
+:class:`Room` is the admission state those slots count against: the dispatcher asks it how
+many to pop (:func:`~engine.core.admission.claim_size`, against the capacity of the moment),
+and each slot given back wakes the dispatcher once a claim's worth is free again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+import trio
+
+from engine.core.admission import AttemptTicket, HandoffSizer, claim_size
+from engine.ledger.base import Completion
+from engine.model import Execution
+
+OPEN: Final = "open"
+SLOT: Final = "slot"
+LIMITS: Final = "limits"
+DISPATCHING: Final = "dispatching"
+OVERLAP: Final = "overlap"
+IN_FLIGHT: Final = "in_flight"
+RUN_RESOURCES: Final = (OVERLAP, LIMITS, SLOT)
+"""Given back when the handler ends (or would have run and did not)."""
+
+
+class Attempt(AttemptTicket[Execution]):
+    """One popped execution and its resources (see the module docstring)."""
+
+    __slots__ = (
+        "abandoned",
+        "claimed",
+        "completion",
+        "lease_s",
+        "partition_id",
+        "renewed_at",
+        "scope",
+    )
+
+    def __init__(self, execution: Execution) -> None:
+        super().__init__(execution)
+        self.partition_id = execution.partition_id or 0
+        self.claimed = False
+        """The ledger has it running under this node's attempt (set by the claim)."""
+        self.lease_s = 0.0
+        self.renewed_at = 0.0
+        """Monotonic time the claim or the last renewal of its attempt lease was sent."""
+        self.scope: trio.CancelScope | None = None
+        """The cancel scope of its handler while it runs."""
+        self.abandoned = False
+        """The attempt is no longer this node's (re-queued, partition lost): never start it,
+        cancel it if it runs, write no completion."""
+        self.completion: Completion | None = None
+
+    @property
+    def execution(self) -> Execution:
+        return self.item
+
+    def run_ended(self) -> None:
+        """Its handler ended (or will never run): give back what only running needed."""
+        for resource in RUN_RESOURCES:
+            self.release(resource)
+
+    @property
+    def running_here(self) -> bool:
+        """Claimed, and its run not over yet: its attempt lease is renewed."""
+        return self.claimed and not self.abandoned and self.holds(SLOT)
+
+
+class Room:
+    """How much the pipeline may take on; shared by the dispatcher and the attempts."""
+
+    def __init__(self, sizer: HandoffSizer, batch_max: int) -> None:
+        self.sizer = sizer
+        self.batch_max = batch_max
+        self.in_flight = 0
+        """Attempts popped and not done running (being admitted or claimed, waiting for a
+        worker, running)."""
+        self.open: set[Attempt] = set()
+        """Every attempt not closed yet: what a teardown closes, what renewals look at."""
+        self.on_room: Callable[[], None] = lambda: None
+        """Called when a slot given back leaves a claim's worth free (the dispatcher's nudge)."""
+
+    def claim_size(self) -> int:
+        return claim_size(
+            capacity=self.sizer.capacity, in_flight=self.in_flight, batch_max=self.batch_max
+        )
+
+    def admit(self, execution: Execution) -> Attempt:
+        """A new attempt for ``execution``, holding a slot and its place among the open."""
+        attempt = Attempt(execution)
+        self.open.add(attempt)
+        attempt.hold(OPEN, self.open.discard, attempt)
+        self.in_flight += 1
+        attempt.hold(SLOT, self._slot_freed)
+        return attempt
+
+    def _slot_freed(self) -> None:
+        self.in_flight -= 1
+        if self.claim_size() > 0:
+            self.on_room()
+
+    def close_all(self) -> None:
+        """Close every open attempt (the pipeline is being torn down)."""
+        for attempt in list(self.open):
+            attempt.close()

@@ -1,0 +1,120 @@
+"""Task types as the execution pipeline uses them: each with its built handler, cached.
+
+The dispatcher re-reads every task type every few seconds (:meth:`TaskKinds.refresh`, for
+its caps and overlap policies); workers take the handler from here (:meth:`TaskKinds.get`),
+reading a task type on a miss. A changed task type gets a new handler; an unchanged one a
+new expiry. Entries live ``ttl_s``, so a change reaches the workers within that time.
+
+A task type this node cannot run (a ``shell`` one on a node without ``--enable-shell``,
+settings that no longer validate) is logged once per version and left out; its executions
+fail with ``setup_error`` when they come up, while every other task type keeps running.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+import msgspec
+import trio
+
+from engine.clock import Clock
+from engine.core.retry_policy import RetryPolicy
+from engine.errors import CarillonError
+from engine.handlers import Handler, HandlerOptions, build_handler
+from engine.handlers.http_client import WebhookClient
+from engine.ledger.base import Ledger
+from engine.model import TaskType
+
+log = logging.getLogger("carillon.workers")
+
+CACHE_TTL_S_DEFAULT: Final = 10.0
+
+
+class TaskKind(msgspec.Struct, frozen=True):
+    """A task type with its handler and retry policy."""
+
+    expires: float
+    task_type: TaskType
+    handler: Handler
+    policy: RetryPolicy
+
+
+class TaskKinds:
+    """The pipeline's cache of task types and their handlers (see the module docstring)."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        clock: Clock,
+        options: HandlerOptions,
+        *,
+        wall_clock: Clock,
+        ttl_s: float = CACHE_TTL_S_DEFAULT,
+    ) -> None:
+        self._ledger = ledger
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._options = options
+        self._ttl_s = ttl_s
+        self._kinds: dict[str, TaskKind] = {}
+        self._loading: dict[str, trio.Lock] = {}
+        self._unusable: set[tuple[str, int]] = set()
+        self.webhook_client: WebhookClient | None = None
+        """The pipeline's shared webhook client, set while it runs; handlers built meanwhile
+        deliver through it."""
+
+    def cached(self, name: str, now: float) -> TaskKind | None:
+        """The fresh entry for ``name``, or ``None`` (then :meth:`get` reads it)."""
+        kind = self._kinds.get(name)
+        return kind if kind is not None and kind.expires > now else None
+
+    def task_type(self, name: str) -> TaskType | None:
+        """The task type last read, however old (the overlap policy's default)."""
+        kind = self._kinds.get(name)
+        return None if kind is None else kind.task_type
+
+    async def get(self, name: str) -> TaskKind:
+        """The task type ``name`` and its handler; reads the ledger on a miss (one read per
+        task type, however many workers miss at once)."""
+        cached = self.cached(name, self._clock.monotonic())
+        if cached is not None:
+            return cached
+        async with self._loading.setdefault(name, trio.Lock()):
+            cached = self.cached(name, self._clock.monotonic())
+            if cached is not None:
+                return cached
+            return self._remember(await self._ledger.task_types_get(name))
+
+    def refresh(self, task_types: list[TaskType]) -> None:
+        """Take the task types just read from the ledger (see the module docstring)."""
+        for task_type in task_types:
+            try:
+                self._remember(task_type)
+            except CarillonError as exc:
+                key = (task_type.name, task_type.version)
+                if key not in self._unusable:
+                    self._unusable.add(key)
+                    log.warning("task type %r cannot run on this node: %s", task_type.name, exc)
+
+    def _remember(self, task_type: TaskType) -> TaskKind:
+        expires = self._clock.monotonic() + self._ttl_s
+        cached = self._kinds.get(task_type.name)
+        if cached is not None and cached.task_type == task_type:
+            kind = msgspec.structs.replace(cached, expires=expires)
+        else:
+            handler = build_handler(
+                task_type.kind,
+                task_type.settings,
+                options=self._options,
+                clock=self._wall_clock,
+                webhook_client=self.webhook_client,
+            )
+            policy = RetryPolicy(
+                max_attempts=task_type.max_attempts,
+                backoff_base_s=task_type.backoff_base_s,
+                backoff_max_s=task_type.backoff_max_s,
+            )
+            kind = TaskKind(expires, task_type, handler, policy)
+        self._kinds[task_type.name] = kind
+        return kind

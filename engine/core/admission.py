@@ -1,0 +1,159 @@
+"""Admission into the execution pipeline: how much to claim, and who releases what.
+
+Responsibility: the two decisions of the execution pipeline that must never go wrong, kept
+free of trio, clocks and the ledger so they can be tested exhaustively.
+
+* :class:`HandoffSizer` -- how many claimed attempts the pipeline holds at most (one per
+  worker plus a hand-off of claimed ones waiting for a worker, about ``handoff_wait_s`` of
+  work judged by a moving average of handler durations).
+* :func:`claim_size` -- how many executions to pop for the next claim *now*. It is asked
+  afresh at every release, against the capacity of that moment, so no threshold computed
+  earlier can keep the pipeline waiting (the stall this replaced: a threshold computed
+  once, above what a later, smaller capacity could ever free).
+* :class:`AttemptTicket` -- owns every per-attempt resource (concurrency slots, the overlap
+  slot, the in-flight count, the pipeline slot) and releases each exactly once, whatever
+  happens: stages release what they are done with, and whoever holds the ticket last
+  closes it in a ``finally``, releasing whatever is left.
+
+Invariants (property-tested in ``tests/core/test_admission.py``):
+
+* **Liveness.** With nothing in flight, :func:`claim_size` admits at least one execution
+  whenever the capacity is at least one; the capacity is never below ``workers``.
+* **Bounded.** What is in flight never exceeds the capacity of the moment it was admitted.
+* **Conservation.** Every resource a ticket holds is released exactly once, in any order
+  of stage releases and ``close`` calls, and also when a release function raises.
+* **Durations are clamped** to the handler's timeout: a frozen process or a suspended
+  thread adds at most one timeout's worth to the average, never an unbounded one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final, Generic, TypeVar
+
+T = TypeVar("T")
+
+DURATION_SMOOTHING: Final = 0.05
+"""Weight of the newest handler duration in the moving average."""
+DURATION_S_INITIAL: Final = 1.0
+"""The assumed handler duration before any has finished: a cautious start (a hand-off of one
+execution per worker) that grows as fast handlers finish."""
+CLAIM_ROUND_TRIP_SHARE: Final = 4
+"""A claim waits until a quarter of the capacity is free (or a whole batch): a batch worth a
+database round trip, not one claim per finished execution."""
+
+
+class HandoffSizer:
+    """The pipeline's capacity from how fast handlers finish (see the module docstring)."""
+
+    __slots__ = ("_duration_s", "handoff_max", "handoff_wait_s", "workers")
+
+    def __init__(self, workers: int, handoff_max: int, handoff_wait_s: float) -> None:
+        if workers < 1 or handoff_max < 0 or handoff_wait_s < 0:
+            raise ValueError("workers >= 1, handoff_max >= 0 and handoff_wait_s >= 0")
+        self.workers = workers
+        self.handoff_max = max(handoff_max, workers)
+        self.handoff_wait_s = handoff_wait_s
+        self._duration_s = DURATION_S_INITIAL
+
+    @property
+    def duration_s(self) -> float:
+        """The moving average of handler durations."""
+        return self._duration_s
+
+    @property
+    def capacity(self) -> int:
+        """Claimed attempts held at most now: one running per worker, and as many waiting as
+        the workers are expected to start within ``handoff_wait_s`` (at least one each, at
+        most ``handoff_max``)."""
+        workers = self.workers
+        expected = workers * self.handoff_wait_s / max(self._duration_s, 1e-6)
+        return workers + int(min(max(expected, workers), self.handoff_max))
+
+    @property
+    def capacity_max(self) -> int:
+        """The most :attr:`capacity` can ever be (a channel sized so never blocks)."""
+        return self.workers + self.handoff_max
+
+    def observe(self, duration_s: float, timeout_s: float) -> None:
+        """A handler ran ``duration_s`` (from its start, not from its hand-off); clamped to
+        ``[0, timeout_s]``, so a frozen process cannot poison the average."""
+        clamped = min(max(duration_s, 0.0), max(timeout_s, 0.0))
+        self._duration_s += DURATION_SMOOTHING * (clamped - self._duration_s)
+
+
+def claim_size(*, capacity: int, in_flight: int, batch_max: int) -> int:
+    """How many executions to pop for a claim now (0: wait for a release).
+
+    ``in_flight`` counts every admitted attempt not yet done running: being claimed, waiting
+    for a worker, or running. A claim goes out once a round trip's worth is free (a quarter
+    of the capacity, or ``batch_max``), and at once whenever nothing is in flight at all.
+    """
+    free = capacity - in_flight
+    if free <= 0 or batch_max <= 0:
+        return 0
+    worth = min(batch_max, max(1, capacity // CLAIM_ROUND_TRIP_SHARE))
+    if free >= worth or in_flight == 0:
+        return min(free, batch_max)
+    return 0
+
+
+class TicketReleaseError(RuntimeError):
+    """A release function raised; every other resource was still released."""
+
+
+class AttemptTicket(Generic[T]):
+    """The per-attempt resources of one ``item``; each released exactly once.
+
+    A stage that takes a resource names it (:meth:`hold`) with the function that gives it
+    back; :meth:`release` gives one back early, :meth:`close` gives back all that are left.
+    Both are idempotent per resource. A release function that raises does not stop the
+    others: :meth:`close` releases everything, then raises :class:`TicketReleaseError`.
+    """
+
+    __slots__ = ("_held", "item")
+
+    def __init__(self, item: T) -> None:
+        self.item = item
+        self._held: dict[str, tuple[Callable[..., object], tuple[object, ...]]] = {}
+
+    def hold(self, resource: str, release: Callable[..., object], *args: object) -> None:
+        """Record that ``resource`` is held; ``release(*args)`` gives it back."""
+        if resource in self._held:
+            raise ValueError(f"resource {resource!r} is held already")
+        self._held[resource] = (release, args)
+
+    def holds(self, resource: str) -> bool:
+        return resource in self._held
+
+    @property
+    def held(self) -> tuple[str, ...]:
+        """The resources still held, in the order taken."""
+        return tuple(self._held)
+
+    @property
+    def closed(self) -> bool:
+        return not self._held
+
+    def release(self, resource: str) -> bool:
+        """Give ``resource`` back now; ``False`` if it was not held (released already)."""
+        entry = self._held.pop(resource, None)
+        if entry is None:
+            return False
+        release, args = entry
+        release(*args)
+        return True
+
+    def close(self) -> None:
+        """Give back every resource still held, the last taken first."""
+        failed: list[BaseException] = []
+        while self._held:
+            resource = next(reversed(self._held))
+            try:
+                self.release(resource)
+            except Exception as error:  # the others must still be released
+                failed.append(error)
+        if failed:
+            raise TicketReleaseError(
+                f"{len(failed)} release(s) of an attempt's resources failed: {failed[0]!r}"
+            ) from failed[0]
