@@ -41,7 +41,6 @@ built fails the attempt as *unknown* (``setup_error``) rather than crashing the 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import random
@@ -100,7 +99,6 @@ HANDLER_CRASHED: Final = "handler_crashed"
 """The ``error_code`` of an attempt whose handler raised instead of returning a result."""
 BLOCKING_KINDS: Final = frozenset({HandlerKind.PYTHON, HandlerKind.SHELL})
 """Handler kinds that hold a thread or a process while they run: bounded apart."""
-_NO_LIMIT: Final = contextlib.nullcontext()
 _OUTCOMES: Final = {str(outcome): outcome for outcome in Outcome}
 _SUCCEEDED: Final = Decision("succeeded")
 _SETUP_FAILED_POLICY: Final = RetryPolicy()
@@ -267,24 +265,15 @@ class WorkerPool:
                 # Deleted while it ran: the attempt still gets its context.
                 payload={} if schedule is None else schedule.payload,
             )
-            async with self._blocking if kind.task_type.kind in BLOCKING_KINDS else _NO_LIMIT:
-                if attempt.abandoned:
-                    return False  # taken away while it waited
-                run_started = self._clock.monotonic()
-                why_not = self._why_not_start(attempt, run_started)
-                if why_not is not None:
-                    self._abandon(attempt, why_not)
-                    return False
-                timeout_s = kind.task_type.timeout_s
-                delay = self._monitor.now() - execution.planned_at
-                self._metrics.execution_started(execution, delay.total_seconds())
-                self._busy += 1
-                try:
-                    result = await self._run_handler(attempt, kind, context, timeout_s)
-                finally:
-                    self._busy -= 1
-            if result is None:
-                return False  # abandoned while it ran: the attempt that replaced it counts
+            if kind.task_type.kind in BLOCKING_KINDS:
+                async with self._blocking:
+                    started = await self._start(attempt, kind, context)
+            else:
+                started = await self._start(attempt, kind, context)
+            if started is None:
+                return False  # never started, or abandoned while it ran
+            run_started, result = started
+            timeout_s = kind.task_type.timeout_s
         except CarillonError as exc:
             log.error("execution %s cannot run: %s", execution.execution_id, exc)
             result = HandlerResult.unknown("setup_error", str(exc))
@@ -294,6 +283,28 @@ class WorkerPool:
             self._room.sizer.observe(ran_s, timeout_s)
         attempt.completion = self._complete(attempt, result, policy, ran_s)
         return True
+
+    async def _start(
+        self, attempt: Attempt, kind: TaskKind, context: ExecutionContext
+    ) -> tuple[float, HandlerResult] | None:
+        """Start the handler if the attempt may start now: when it started and its result;
+        ``None`` when it must not start, or was abandoned while it ran."""
+        if attempt.abandoned:
+            return None  # taken away while it waited
+        run_started = self._clock.monotonic()
+        why_not = self._why_not_start(attempt, run_started)
+        if why_not is not None:
+            self._abandon(attempt, why_not)
+            return None
+        execution = attempt.execution
+        delay = self._monitor.now() - execution.planned_at
+        self._metrics.execution_started(execution, delay.total_seconds())
+        self._busy += 1
+        try:
+            result = await self._run_handler(attempt, kind, context, kind.task_type.timeout_s)
+        finally:
+            self._busy -= 1
+        return None if result is None else (run_started, result)
 
     def _why_not_start(self, attempt: Attempt, now: float) -> str | None:
         """Why ``attempt``'s handler must not start now, or ``None``."""
