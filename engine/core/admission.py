@@ -147,10 +147,11 @@ class AttemptTicket(Generic[T]):
     def close(self) -> None:
         """Give back every resource still held, the last taken first."""
         failed: list[BaseException] = []
-        while self._held:
-            resource = next(reversed(self._held))
+        held = self._held
+        while held:
+            _, (release, args) = held.popitem()  # the last taken (dicts keep their order)
             try:
-                self.release(resource)
+                release(*args)
             except Exception as error:  # the others must still be released
                 failed.append(error)
         if failed:
