@@ -7,6 +7,8 @@
   of a paused or deleted schedule's instants ever ran;
 * **no duplicate effect** -- at most one idempotency key's effect applied per fire, and that
   key is the fire's execution id; repeated *deliveries* are counted, not failed;
+* **timeouts are timeouts** -- an attempt drawn to outlast its task type's timeout is cut off
+  there, before its effect, and a dead letter it ends is recorded as ``timeout``;
 * **never early** -- no handler started before its planned instant (database clock);
 * **start delay within the bound** -- the first start of each fire lags its instant by at
   most :class:`~simulations.bound.DelayBound` allows.
@@ -30,7 +32,10 @@ CATCH_UP_REASONS = {
     "all": {"catchup_limit", "catchup_window"},
     "none": {"catchup_none", "catchup_window"},
 }
-FAILING_FATES = {"transient", "lost-reply", "permanent"}
+FAILING_FATES = {"transient", "lost-reply", "permanent", "timeout"}
+CUT_SLACK_S = 0.001
+"""A timed-out attempt ends at its timeout (the worker's deadline and the handler's sleep
+share trio's clock)."""
 UNFINISHED = {ExecutionStatus.QUEUED, ExecutionStatus.RUNNING, ExecutionStatus.FAILED}
 
 
@@ -46,6 +51,8 @@ class FireReport:
     repeat_deliveries: int = 0
     stale_token_deliveries: int = 0
     misses: int = 0
+    timeouts: int = 0
+    """Attempts cut off at their task type's timeout."""
     max_start_delay_s: float = 0.0
     max_healthy_delay_s: float = 0.0
 
@@ -83,6 +90,7 @@ class FireChecker:
                 r.misses += 1
                 self._fail(f"missed fire {key[0]} at {key[1].isoformat()}: no execution")
         self._check_effects(by_key)
+        self._check_timeouts()
         self._check_starts()
         return r
 
@@ -122,6 +130,8 @@ class FireChecker:
             if last is None or last.fate not in FAILING_FATES:
                 self.report.misses += 1
                 self._fail(f"{where} dead-lettered without an injected failure")
+            elif last.fate == "timeout" and e.error_code != "timeout":
+                self._fail(f"{where} dead-lettered by a timeout but recorded otherwise")
         elif not self._skip_allowed(e, batches):
             self.report.misses += 1
             self._fail(f"{where} skipped for a reason its policies do not allow")
@@ -173,6 +183,24 @@ class FireChecker:
                 self._fail(f"effect of {schedule_id} at {planned_at} under keys {sorted(keys)}")
             if (schedule_id, planned_at) not in by_key:
                 self._fail(f"effect of {expected_key} without an execution in the ledger")
+
+    def _check_timeouts(self) -> None:
+        """A timed-out attempt was cut off at its timeout, before its effect."""
+        timeouts = self.params.timeouts
+        for d in self.sinks.deliveries:
+            if d.fate != "timeout":
+                continue
+            r = self.report
+            r.timeouts += 1
+            limit = timeouts.get(d.task_type)
+            ran = None if d.finished_at is None else (d.finished_at - d.started_at).total_seconds()
+            if d.effect_sent:
+                self._fail(f"{d.execution_id} attempt {d.attempt} timed out after its effect")
+            elif limit is not None and ran is not None and ran > limit + CUT_SLACK_S:
+                self._fail(
+                    f"{d.execution_id} attempt {d.attempt} ran {ran:.3f}s, past its "
+                    f"timeout of {limit:g}s"
+                )
 
     def _check_starts(self) -> None:
         start = self.params.start

@@ -35,7 +35,7 @@ from simulations.params import TaskSettings
 from simulations.proxy import Network
 from simulations.scenario import ScheduleChange
 from simulations.trace import Trace
-from simulations.workload import TASK_TYPE, SimSchedule
+from simulations.workload import HOOK_TYPE, TASK_TYPE, SimSchedule
 
 RETRY_S: Final = 1.0
 HANDLER: Final = "simulations.effects:deliver"
@@ -83,21 +83,32 @@ class ApiClient:
             self._held = None
             held.set()
 
-    async def setup(self, task: TaskSettings, schedules: list[SimSchedule]) -> None:
-        """The ``sim`` task type and the initial schedules."""
-        await self._ledger.task_types_put(
-            TaskTypesPut(
-                TaskType(
-                    name=TASK_TYPE,
-                    kind=HandlerKind.PYTHON,
-                    settings={"callable": HANDLER, "timeout_s": task.timeout_s},
-                    timeout_s=task.timeout_s,
-                    max_attempts=task.max_attempts,
-                    backoff_base_s=task.backoff_base_s,
-                    backoff_max_s=task.backoff_max_s,
+    async def setup(
+        self,
+        task: TaskSettings,
+        schedules: list[SimSchedule],
+        *,
+        hook_timeout_s: float | None = None,
+    ) -> None:
+        """The ``sim`` task type (and the ``hook`` type, with ``hook_timeout_s``: the same
+        handler and retry policy, its own timeout) and the initial schedules."""
+        types = [(TASK_TYPE, task.timeout_s)]
+        if hook_timeout_s is not None:
+            types.append((HOOK_TYPE, hook_timeout_s))
+        for name, timeout_s in types:
+            await self._ledger.task_types_put(
+                TaskTypesPut(
+                    TaskType(
+                        name=name,
+                        kind=HandlerKind.PYTHON,
+                        settings={"callable": HANDLER, "timeout_s": timeout_s},
+                        timeout_s=timeout_s,
+                        max_attempts=task.max_attempts,
+                        backoff_base_s=task.backoff_base_s,
+                        backoff_max_s=task.backoff_max_s,
+                    )
                 )
             )
-        )
         for schedule in schedules:
             await self._create(schedule)
 

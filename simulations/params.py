@@ -3,7 +3,8 @@
 :func:`derive` turns ``(seed, scenario)`` -- and optionally a node count and a length in
 days, which override what the seed would draw -- into a frozen :class:`SimParams`: the
 cluster configuration, the start instant, the schedules, the fault timeline and the handler
-faults. Each part draws from its own stream (``random.Random(f"carillon-sim:{seed}:...")``),
+faults (and, with a handler-latency fault, the latency profiles and the ``hook`` fleet). Each
+part draws from its own stream (``random.Random(f"carillon-sim:{seed}:...")``),
 so adding a draw to one part does not reshuffle the others. Nothing else in a run is random
 except through streams derived the same way (node RNGs, the ledger proxies, trio's
 scheduler), so the seed reproduces the run.
@@ -12,15 +13,16 @@ scheduler), so the seed reproduces the run.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from engine.config import NodeConfig
 from engine.ledger.base import REGION_DEFAULT
 from simulations import oracle
-from simulations.scenario import Fault, HandlerFaults, describe
-from simulations.workload import DST_ZONES, SimSchedule, draw_workload
+from simulations.scenario import Fault, HandlerFaults, HandlerLatency, SlowHandler, describe
+from simulations.workload import DST_ZONES, HOOK_TYPE, TASK_TYPE, SimSchedule, draw_workload
 
 YEAR = 2026
 
@@ -121,10 +123,28 @@ class SimParams:
     handler: HandlerFaults
     dst_transition: tuple[str, datetime] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    latency: tuple[HandlerLatency, ...] = ()
+    """The handler-latency fault's profiles, one per task type (none: handlers take only
+    their work); its slow stretches are :class:`SlowHandler` records among the faults."""
+    hook_timeout_s: float | None = None
+    """The ``hook`` task type's timeout, when the run has a hook fleet (the retry policy is
+    the ``sim`` type's)."""
 
     @property
     def end_s(self) -> float:
         return self.safety_s + self.liveness_s
+
+    @property
+    def timeouts(self) -> dict[str, float]:
+        """Each task type's timeout."""
+        out = {TASK_TYPE: self.task.timeout_s}
+        if self.hook_timeout_s is not None:
+            out[HOOK_TYPE] = self.hook_timeout_s
+        return out
+
+    @property
+    def slow_handlers(self) -> tuple[SlowHandler, ...]:
+        return tuple(f for f in self.faults if isinstance(f, SlowHandler))
 
     def lines(self, *, schedules: bool = True) -> list[str]:
         """Every derived parameter, one per line (printed before a run); ``schedules=False``
@@ -144,6 +164,9 @@ class SimParams:
             f"-{self.task.backoff_max_s}s  timeout {self.task.timeout_s}s",
             f"handler faults: {self.handler}",
         ]
+        if self.hook_timeout_s is not None:
+            out.append(f"task {HOOK_TYPE}: timeout {self.hook_timeout_s}s (retry policy as above)")
+        out += [profile.describe() for profile in self.latency]
         joined = [getattr(f, "node", "") for f in self.faults if type(f).__name__ == "Join"]
         for node in dict.fromkeys([*self.nodes, *joined]):
             c = host_clock(self.seed, node)
@@ -156,7 +179,19 @@ class SimParams:
             out.append(f"dst transition {zone} at {at.isoformat()}")
         if schedules:
             out.append(f"schedules ({len(self.schedules)}):")
-            out += [f"  {x.schedule_id} {x.tenant_id} {x.describe()}" for x in self.schedules]
+            hooks = [x for x in self.schedules if x.task_type == HOOK_TYPE]
+            out += [
+                f"  {x.schedule_id} {x.tenant_id} {x.describe()}"
+                for x in self.schedules
+                if x.task_type != HOOK_TYPE
+            ]
+            if hooks:  # a fleet of one definition: one line
+                tenants = Counter(x.tenant_id for x in hooks)
+                out.append(
+                    f"  {hooks[0].schedule_id}..{hooks[-1].schedule_id} ({len(hooks)}) "
+                    + " ".join(f"{t}:{n}" for t, n in sorted(tenants.items()))
+                    + f" {hooks[0].describe()}"
+                )
         out.append(f"faults ({len(self.faults)}):")
         out += [f"  {describe(f)}" for f in self.faults]
         return out
@@ -228,6 +263,8 @@ def derive(
             schedules=tuple(schedules),
             start=start,
             transition=transition,
+            seed=seed,
+            timeout_s=task.timeout_s,
         )
     )
     base = SimParams(
@@ -238,13 +275,15 @@ def derive(
         partitions=rng.choice([1, 2, 4, 8, 16]),
         safety_s=safety_s,
         liveness_s=0.0,
-        settings=settings,
+        settings=settings if built.workers is None else replace(settings, workers=built.workers),
         task=task,
         ledger_latency_s=round(rng.uniform(0.0005, 0.005), 4),
-        schedules=tuple(schedules),
+        schedules=tuple(schedules) + tuple(built.schedules),
         faults=tuple(sorted(built.faults, key=lambda f: f.at_s)),
         handler=built.handler,
         dst_transition=transition,
+        latency=tuple(built.latency),
+        hook_timeout_s=built.hook_timeout_s,
     )
     from simulations.bound import liveness_s  # the bound derives from the params
 
@@ -252,6 +291,4 @@ def derive(
 
 
 def _with_liveness(params: SimParams, liveness: float) -> SimParams:
-    from dataclasses import replace
-
     return replace(params, liveness_s=liveness)

@@ -22,7 +22,7 @@ import trio.testing
 from trio._core import _run as trio_run
 
 from engine.model import Execution
-from simulations.bound import DelayBound, ahead_s, completion_s, stale_s
+from simulations.bound import DelayBound, ahead_s, completion_s, load_bound, stale_s
 from simulations.check_failover import FailoverChecker, FailoverReport
 from simulations.check_fires import FireChecker, FireReport
 from simulations.effects import Delivery
@@ -111,7 +111,8 @@ def run_simulation(params: SimParams, *, trace_file: TextIO | None = None) -> Re
         completion_s=completion_s(params),
         ahead_s=ahead_s(params),
     )
-    bound = DelayBound(params, world.disruptions)
+    load = load_bound(params) if params.latency else None
+    bound = DelayBound(params, world.disruptions, load)
     fires = FireChecker(params, expectation, bound, world.sinks).check(world.executions)
     violations = list(fires.violations) + world.violations + world.monitor.violations
     failover = None
@@ -166,6 +167,15 @@ def summary(result: Result, *, violations_shown: int = 30) -> list[str]:
         f"max start delay {f.max_start_delay_s:.3f}s (in healthy periods "
         f"{f.max_healthy_delay_s:.3f}s; healthy bound {bound.healthy_s:.1f}s, "
         f"recovery {bound.recovery_s:.1f}s)",
+        *(
+            []
+            if bound.load is None
+            else [
+                f"workers {bound.load.workers} a node: largest queue allowance "
+                f"{bound.load.max_queue_s:.1f}s, safety phase drained {bound.load.drained_s:.0f}s "
+                f"after the heal (bound), longest completion {bound.load.completion_s:.0f}s"
+            ]
+        ),
         f"faults injected: {faults}",
         f"node wall clocks beyond the skew bound for {result.clock_beyond_s:.0f} "
         "node-seconds (no excuse for delay: the engine runs on the database's time)",

@@ -132,6 +132,27 @@ class ScheduleChange:
 
 
 @dataclass(frozen=True)
+class SlowHandler:
+    """A task type's receiver is slow: every attempt of a fire planned in ``[at_s, at_s +
+    duration_s)`` takes ``low_s``-``high_s`` (drawn per attempt) on top of its work. A
+    *step* lasts minutes at up to a few seconds an attempt; a *spike* lasts seconds at a good
+    fraction of the timeout. Keyed by the planned instant, not by when the attempt runs, so
+    every draw depends only on the seed, the execution id and the attempt number."""
+
+    at_s: float
+    duration_s: float
+    task_type: str
+    low_s: float
+    high_s: float
+    kind: Literal["step", "spike"] = "step"
+    share: float = 1.0
+    """The share of those attempts that are slow (drawn per attempt; a step slows all)."""
+
+    def covers(self, planned_s: float) -> bool:
+        return self.at_s <= planned_s < self.at_s + self.duration_s
+
+
+@dataclass(frozen=True)
 class RegionFailover:
     """Region A's database is lost at ``at_s``; its streaming replica in region B, which had
     replayed everything up to ``at_s - lag_s``, is promoted and made the active region
@@ -171,6 +192,7 @@ Fault = (
     | Join
     | Leave
     | ScheduleChange
+    | SlowHandler
     | RegionFailover
 )
 
@@ -188,6 +210,29 @@ class HandlerFaults:
     """Fails before its effect, permanently (dead letter)."""
     hang_p: float = 0.0
     """Runs 1.5-3x the attempt lease (kept by renewals, unless renewals are stuck)."""
+
+
+@dataclass(frozen=True)
+class HandlerLatency:
+    """One task type's latency profile apart from its :class:`SlowHandler` stretches: what
+    every attempt takes on top of its work (``fast_s``, uniform), and, per attempt, a slow
+    tail (``tail_p``: log-uniform in ``tail_s``, below the timeout) or an overrun of the
+    task type's timeout (``timeout_p``: 1.05-2x the timeout; the worker cuts it off, a
+    ``timeout`` outcome). Drawn from the seed, the execution id and the attempt number."""
+
+    task_type: str
+    fast_s: tuple[float, float] = (0.0, 0.0)
+    tail_p: float = 0.0
+    tail_s: tuple[float, float] = (0.0, 0.0)
+    timeout_p: float = 0.0
+
+    def describe(self) -> str:
+        lo, hi = self.fast_s
+        tlo, thi = self.tail_s
+        return (
+            f"latency {self.task_type}: {lo * 1000:.0f}-{hi * 1000:.0f}ms, tail "
+            f"{self.tail_p:.1%} at {tlo:.1f}-{thi:.1f}s, past the timeout {self.timeout_p:.1%}"
+        )
 
 
 def _where(nodes: tuple[str, ...]) -> str:
@@ -222,6 +267,12 @@ def describe(fault: Fault) -> str:
         case ScheduleChange(action=action, schedule_id=sid, schedule=s):
             what = "" if s is None else f" -> {s.describe()}"
             return f"{at} {action} {sid}{what}"
+        case SlowHandler(duration_s=d, task_type=t, low_s=lo, high_s=hi, kind=kind, share=sh):
+            which = "every attempt" if sh >= 1 else f"{sh:.0%} of attempts"
+            return (
+                f"{at} slow handler {t} ({kind}): {lo:.2f}-{hi:.2f}s on {which} of fires "
+                f"planned in the next {d:.1f}s"
+            )
         case RegionFailover(lag_s=lag, fence_old_after_s=back, standby=standby, fenced=fenced):
             old = (
                 "never back"
@@ -237,7 +288,8 @@ def describe(fault: Fault) -> str:
 
 def disruption(fault: Fault, heal_s: float) -> tuple[float, float] | None:
     """The interval (seconds from the start) during which ``fault`` disturbs the cluster,
-    before recovery; ``None`` for a change that disturbs nothing but its own schedule."""
+    before recovery; ``None`` for a change that disturbs nothing but its own schedule, and
+    for a slow handler (the bound gives its backlog an allowance of its own)."""
     match fault:
         case Crash(at_s=at, down_s=down):
             return (at, heal_s if down is None else min(at + down, heal_s))
@@ -251,7 +303,9 @@ def disruption(fault: Fault, heal_s: float) -> tuple[float, float] | None:
             return (at, at + d)
         case Join(at_s=at) | Leave(at_s=at):
             return (at, at)
-        case ScheduleChange():
+        case ScheduleChange() | SlowHandler():
+            # A slow handler disturbs no node: the backlog it builds has its own allowance
+            # (simulations.bound.LoadBound).
             return None
         case RegionFailover(at_s=at, lag_s=lag):
             # Fires planned since the replica's copy may be lost and planned again; the

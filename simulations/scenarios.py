@@ -3,7 +3,10 @@
 ``calm`` has no faults at all (the baseline: tight start delays). Each of the others stresses
 one kind of trouble; ``random`` draws a little of everything. All faults start after a
 warm-up (the cluster has formed) and end before the safety phase does. A run has at most one
-region failover, and only with two nodes or more (one region each at least).
+region failover, and only with two nodes or more (one region each at least). A
+handler-latency fault (:func:`latency`) brings its own workload and worker count: a fleet
+of ``hook`` schedules firing together, on few workers, so that a slow receiver builds a
+backlog.
 """
 
 from __future__ import annotations
@@ -16,12 +19,13 @@ from datetime import datetime, timedelta
 from typing import Final
 
 from simulations import oracle
-from simulations.params import NodeSettings
+from simulations.params import NodeSettings, stream
 from simulations.scenario import (
     CommitUnknown,
     Crash,
     Fault,
     HandlerFaults,
+    HandlerLatency,
     Join,
     Jump,
     Leave,
@@ -30,16 +34,36 @@ from simulations.scenario import (
     RegionFailover,
     ScheduleChange,
     Skew,
+    SlowHandler,
     SlowLedger,
     StuckRenewals,
 )
-from simulations.workload import SimSchedule, draw_schedule, retimed, with_payload
+from simulations.workload import (
+    HOOK_EXPRESSIONS,
+    HOOK_TYPE,
+    TASK_TYPE,
+    SimSchedule,
+    draw_hooks,
+    draw_schedule,
+    retimed,
+    with_payload,
+)
 
 WARM_UP_S: Final = 120.0
 COOL_DOWN_S: Final = 30.0
 LAG_S_MAX: Final = 10.0
 """The longest replication lag a failover loses (a healthy asynchronous standby's)."""
 FAILOVER_IN_RANDOM_P: Final = 0.25
+LATENCY_IN_RANDOM_P: Final = 0.25
+HOOK_FIRES_MAX: Final = 5_000
+"""The most fires a hook fleet may have in the safety phase and half an hour after it (the
+run's cost grows with them: about a second per 3,000)."""
+HEALTHY_LOAD_MAX: Final = 0.3
+"""Healthy handlers keep one node's workers at most this busy (the hook fleet is cut down to
+fit): a backlog comes from the fault, not from a workload the cluster cannot carry."""
+SLOW_BACKLOG_S_MAX: Final = 900.0
+"""A slow stretch brings at most this much work per worker (a step ends sooner, a spike
+slows fewer attempts): its backlog drains within minutes, not hours."""
 EVERYDAY: Final = HandlerFaults(transient_p=0.03, lost_reply_p=0.02, permanent_p=0.01, hang_p=0.01)
 
 
@@ -52,18 +76,28 @@ class Context:
     schedules: tuple[SimSchedule, ...]
     start: datetime
     transition: tuple[str, datetime] | None
+    seed: int = 0
+    """The run's seed, for a draw that needs a stream of its own."""
+    timeout_s: float = 120.0
+    """The ``sim`` task type's timeout."""
 
 
 @dataclass
 class Built:
     faults: list[Fault] = field(default_factory=list)
     handler: HandlerFaults = EVERYDAY
+    schedules: list[SimSchedule] = field(default_factory=list)
+    """Schedules the scenario adds to the workload (a hook fleet)."""
+    latency: list[HandlerLatency] = field(default_factory=list)
+    workers: int | None = None
+    """Workers per node, when the scenario decides (the default otherwise)."""
+    hook_timeout_s: float | None = None
 
 
-def _at(ctx: Context, length_s: float = 0.0) -> float:
+def _at(ctx: Context, length_s: float = 0.0, rng: random.Random | None = None) -> float:
     """A start time for a fault lasting ``length_s`` inside the safety phase."""
     latest = max(WARM_UP_S, ctx.safety_s - COOL_DOWN_S - length_s)
-    return round(ctx.rng.uniform(WARM_UP_S, latest), 3)
+    return round((rng or ctx.rng).uniform(WARM_UP_S, latest), 3)
 
 
 def _magnitude(rng: random.Random, low: float, high: float) -> float:
@@ -302,6 +336,116 @@ def region_unfenced(ctx: Context, count: int | None = None) -> Built:
     return Built([] if drawn is None else [drawn])
 
 
+def latency(ctx: Context, count: int | None = None) -> Built:
+    """The handler-latency fault, and the everyday handler faults."""
+    return with_latency(ctx, ctx.rng, Built())
+
+
+def with_latency(ctx: Context, rng: random.Random, built: Built) -> Built:
+    """``built`` with a handler-latency fault drawn from ``rng``: a hook fleet of 60-400
+    schedules firing together every 1, 2 or 5 minutes on 2-6 workers a node; per task
+    type, a fast latency (a few ms to tens of ms), slow tails and timeout overruns; the
+    hook type's receiver slow for 1-3 steps (0.5-3 s an attempt, minutes long) and 0-3
+    spikes (a share of one burst's attempts at a good fraction of the timeout); the ``sim``
+    type's at most one of each, milder (its own work is up to 30 s). The fleet is cut down
+    until healthy handlers keep a node's workers at most 30 % busy, and each slow stretch to
+    at most 15 minutes of a worker's work: a slow receiver builds a backlog that drains once
+    it is fast again."""
+    period_s = 60.0 * rng.choices([1, 2, 5], [3, 2, 1])[0]
+    expression = HOOK_EXPRESSIONS[[60.0, 120.0, 300.0].index(period_s)]
+    workers = rng.choice([2, 3, 4, 6])
+    hook_timeout = rng.choice([5.0, 10.0, 15.0])
+    hook = _latency_profile(rng, "hook", hook_timeout, fast_ms=(2.0, 60.0), tail_max=0.9)
+    sim = _latency_profile(
+        rng, TASK_TYPE, ctx.timeout_s, fast_ms=(0.0, 10.0), tail_max=0.4, work_s=30.0
+    )
+    sim_load = _sim_load(ctx)  # worker-seconds a second
+    workers = max(workers, math.ceil(2 * sim_load / HEALTHY_LOAD_MAX))
+    per_attempt = _mean_s(hook, hook_timeout, built.handler, ctx.settings.attempt_lease_s)
+    room = HEALTHY_LOAD_MAX * workers * period_s - sim_load * period_s
+    fires_each = (ctx.safety_s + 1800.0) / period_s
+    count = min(
+        rng.randint(60, 400),
+        int(HOOK_FIRES_MAX / fires_each),
+        max(int(room / per_attempt), 10),
+    )
+    faults: list[Fault] = []
+    for task_type, steps, spikes, timeout, fleet, spike in (
+        (HOOK_TYPE, rng.randint(1, 3), rng.randint(0, 3), hook_timeout, count, (0.2, 0.5, 0.8)),
+        (TASK_TYPE, rng.randint(0, 1), rng.randint(0, 1), ctx.timeout_s, 0, (0.1, 0.2, 0.4)),
+    ):
+        per_burst = max(fleet, 1)
+        for _ in range(steps):
+            low = round(rng.uniform(0.5, 1.5), 3)
+            high = round(rng.uniform(low, 3.0), 3)
+            bursts = max(1, int(SLOW_BACKLOG_S_MAX * workers / (per_burst * high)))
+            length = min(rng.uniform(60.0, 600.0), bursts * period_s)
+            at = _at(ctx, length, rng)
+            faults.append(SlowHandler(at, round(length, 3), task_type, low, high))
+        for _ in range(spikes):
+            low = round(timeout * rng.uniform(spike[0], spike[1]), 3)
+            high = round(timeout * rng.uniform(spike[1], spike[2]), 3)
+            share = min(rng.uniform(0.05, 0.5), SLOW_BACKLOG_S_MAX * workers / (per_burst * high))
+            length = rng.uniform(5.0, 30.0)
+            at = _at(ctx, length, rng)
+            faults.append(
+                SlowHandler(at, round(length, 3), task_type, low, high, "spike", round(share, 3))
+            )
+    built.faults += faults
+    built.schedules += draw_hooks(rng, count, expression)
+    built.latency += [hook, sim]
+    built.workers = workers
+    built.hook_timeout_s = hook_timeout
+    return built
+
+
+def _latency_profile(
+    rng: random.Random,
+    task_type: str,
+    timeout_s: float,
+    *,
+    fast_ms: tuple[float, float],
+    tail_max: float,
+    work_s: float = 0.0,
+) -> HandlerLatency:
+    """Fast answers; a slow tail up to a good fraction of what the timeout leaves beside the
+    work (none, a third of the time); overruns of the timeout now and then."""
+    high_ms = rng.uniform(max(fast_ms[0], fast_ms[1] / 6), fast_ms[1])
+    low_ms = rng.uniform(fast_ms[0], high_ms / 2)
+    tail_p = 0.0 if rng.random() < 1 / 3 else round(rng.uniform(0.002, 0.03), 4)
+    tail_high = round((timeout_s - work_s) * rng.uniform(tail_max / 3, tail_max), 3)
+    timeout_p = 0.0 if rng.random() < 1 / 3 else round(rng.uniform(0.001, 0.01), 4)
+    return HandlerLatency(
+        task_type,
+        (round(low_ms / 1000, 4), round(high_ms / 1000, 4)),
+        tail_p,
+        (min(0.2, tail_high), tail_high),
+        timeout_p,
+    )
+
+
+def _mean_s(
+    profile: HandlerLatency, timeout_s: float, faults: HandlerFaults, lease_s: float
+) -> float:
+    """The mean worker time an attempt brings under ``profile`` and ``faults`` (no slow
+    stretch), its retries included."""
+    low, high = profile.tail_s
+    tail = (high - low) / math.log(high / low) if high > low else low
+    fast = sum(profile.fast_s) / 2
+    hang = min(2.25 * lease_s, timeout_s)
+    once = fast + profile.tail_p * tail + (profile.timeout_p + faults.hang_p) * timeout_s
+    once = max(once, fast + faults.hang_p * hang)
+    failing = faults.transient_p + faults.lost_reply_p + profile.timeout_p
+    return once / (1 - min(failing, 0.5))
+
+
+def _sim_load(ctx: Context) -> float:
+    """Worker-seconds a second the ``sim`` schedules bring in the safety phase (their work)."""
+    end = ctx.start + timedelta(seconds=ctx.safety_s)
+    total = sum(s.run_s * len(oracle.fires(*s.timing(), ctx.start, end)) for s in ctx.schedules)
+    return total / ctx.safety_s
+
+
 def random_mix(ctx: Context) -> Built:
     """A little of everything: each kind of fault with probability one half."""
     built = Built()
@@ -326,6 +470,9 @@ def random_mix(ctx: Context) -> Built:
         if drawn is not None:
             built.faults = keep_a_node_in_the_active_region(ctx.nodes, built.faults, drawn)
             built.faults.append(drawn)
+    latency_rng = stream(ctx.seed, "faults:random:latency")  # its own: the rest is unchanged
+    if latency_rng.random() < LATENCY_IN_RANDOM_P:
+        with_latency(ctx, latency_rng, built)
     return built
 
 
@@ -369,5 +516,6 @@ SCENARIOS: Final[dict[str, Callable[[Context], Built]]] = {
     "dst": dst,
     "region": region,
     "region-unfenced": region_unfenced,
+    "latency": latency,
     "random": random_mix,
 }

@@ -1,7 +1,10 @@
 """The schedules a run starts with, and new definitions drawn during it.
 
 Every schedule uses the ``sim`` task type, whose handler is :func:`simulations.effects.
-deliver`; its payload says how long the handler runs. The expressions are a subset of cron
+deliver`; its payload says how long the handler runs. A run with a handler-latency fault
+adds a *hook* fleet (:func:`draw_hooks`): many schedules of a second task type, ``hook``
+(the same handler, a receiver that answers in milliseconds when healthy), that fire at the
+same instants, so that a slow receiver builds a backlog. The expressions are a subset of cron
 the oracle (:mod:`simulations.oracle`) models exactly, in zones with and without daylight
 saving (New York, London, Lord Howe with its 30-minute shift, Kolkata, UTC), with every DST
 policy, catch-up policy and the ``allow`` or ``skip`` overlap policy.
@@ -18,6 +21,9 @@ from engine.core.dst import DstGap, DstOverlap
 from engine.model import CatchUpPolicy, OverlapPolicy
 
 TASK_TYPE: Final = "sim"
+HOOK_TYPE: Final = "hook"
+HOOK_EXPRESSIONS: Final = ("* * * * *", "*/2 * * * *", "*/5 * * * *")
+"""A hook fleet fires together, at one of these."""
 TENANTS: Final = ("acme", "globex", "initech")
 ZONES: Final = ("UTC", "America/New_York", "Europe/London", "Australia/Lord_Howe", "Asia/Kolkata")
 DST_ZONES: Final = ("America/New_York", "Europe/London", "Australia/Lord_Howe")
@@ -73,9 +79,11 @@ class SimSchedule:
     overlap: str | None = None
     run_s: float = 0.0
     """How long its handler works (the ``run_s`` payload field)."""
+    task_type: str = TASK_TYPE
 
     def describe(self) -> str:
         extra = [
+            f"type={self.task_type}" if self.task_type != TASK_TYPE else "",
             f"gap={self.dst_gap}" if self.dst_gap != "auto" else "",
             f"overlap-dst={self.dst_overlap}" if self.dst_overlap != "auto" else "",
             f"catch-up={self.catch_up}/{self.catch_up_window_s:g}s",
@@ -87,7 +95,7 @@ class SimSchedule:
     def spec(self) -> ScheduleSpec:
         return ScheduleSpec(
             cron_expr=self.cron_expr,
-            task_type=TASK_TYPE,
+            task_type=self.task_type,
             schedule_id=self.schedule_id,
             tenant_id=self.tenant_id,
             timezone=self.timezone,
@@ -150,6 +158,21 @@ def draw_workload(rng: random.Random, count: int, *, dst_zone: str | None) -> li
         minutely += schedule.cron_expr.startswith("* ")
         schedules.append(schedule)
     return schedules
+
+
+def draw_hooks(rng: random.Random, count: int, expression: str) -> list[SimSchedule]:
+    """``count`` ``hook`` schedules ``h000``... firing together at ``expression`` (UTC), of
+    every tenant, no work of their own: all their time is the receiver's latency."""
+    return [
+        SimSchedule(
+            schedule_id=f"h{n:03d}",
+            tenant_id=rng.choice(TENANTS),
+            cron_expr=expression,
+            timezone="UTC",
+            task_type=HOOK_TYPE,
+        )
+        for n in range(count)
+    ]
 
 
 def retimed(rng: random.Random, schedule: SimSchedule, *, dst_zone: str | None) -> SimSchedule:

@@ -58,7 +58,15 @@ class World:
         self.trace = trace
         self.monitor = LeaseMonitor(params.partitions)
         self.sinks = Sinks(trace)
-        self.fates = Fates(params.seed, params.handler, params.settings.attempt_lease_s)
+        self.fates = Fates(
+            params.seed,
+            params.handler,
+            params.settings.attempt_lease_s,
+            latency=params.latency,
+            slow=params.slow_handlers,
+            timeouts=params.timeouts,
+            start=params.start,
+        )
         self.hosts: dict[str, Host] = {}
         self.violations: list[str] = []
         self.faults_injected: Counter[str] = Counter()
@@ -96,7 +104,7 @@ class World:
         self.databases[PRIMARY] = Database(PRIMARY, self.ledger)
         self.network = Network(p.faults, self.clock, p.ledger_latency_s)
         self.api = ApiClient(self.ledger, self.clock, self.network, self.trace)
-        await self.api.setup(p.task, list(p.schedules))
+        await self.api.setup(p.task, list(p.schedules), hook_timeout_s=p.hook_timeout_s)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for node_id in p.nodes:
