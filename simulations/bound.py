@@ -184,10 +184,6 @@ class DelayBound:
             bound = max(bound, self.load.first_start_s(planned_s))
         return bound
 
-    def disturbed(self, at_s: float) -> bool:
-        """Whether ``at_s`` lies in a disturbed stretch (its recovery included)."""
-        return any(start <= at_s <= end for start, end in self.stretches)
-
 
 # -- the queue allowance of a handler-latency fault --------------------------------------
 
@@ -276,31 +272,34 @@ def fires_of(params: SimParams, horizon_s: float) -> list[Fire]:
 
 @dataclass
 class LoadBound:
-    """The queue allowance under a handler-latency fault: a fluid model of one node's ``w``
+    """The queue allowance under a handler-latency fault: a model of one node's ``w``
     workers serving every fire of the run, computed forward in time (``docs/simulation.md``,
     "The start-delay bound").
 
     Every fire brings its work at its planned instant: the worker-seconds of all its
     attempts (:class:`Fire`; exact, since every draw depends only on the seed, the execution
     id and the attempt). One node's ``w`` workers serve it all (a node may own every
-    partition), at ``w`` worker-seconds a second outside the disturbed stretches and not at
-    all inside them. An attempt that becomes startable at ``t`` starts within ``B`` if fewer
-    than ``w`` fires can be in the system then (each holds at most one worker). Otherwise,
-    until it starts every worker is busy, so it starts within ``B`` of the first ``x`` at
-    which ``w`` times the healthy time in ``[t, t + x]`` exceeds what may be served first:
+    partition), outside the disturbed stretches only. An attempt that becomes startable at
+    ``t`` starts within ``B`` if fewer than ``w`` fires can be in the system then (each
+    holds at most one worker). Otherwise every worker is busy until it starts, since the
+    last moment ``tau`` one may have been idle (no queue then), serving only
 
-    * the **backlog** ``V(t)``: the work arrived by ``t`` and not served (Lindley's
-      recursion), but never less than the **floor** of an instant at which a worker may have
-      been idle: the ``w - 1`` longest attempts of the fires then in the system (whole
-      attempts, which the workers cannot share out) and the work of their retries not
-      startable yet (the model counts that at the fire's instant, the engine meets it later);
+    * what the workers held at ``tau``: the ``w - 1`` longest attempts of the fires then in
+      the system, which they cannot share out;
+    * the work that arrived since ``tau``, and the retries of the fires in the system at
+      ``tau`` not startable yet (the model counts them at the fire's instant, the engine
+      meets them later);
     * the **overtaking** work: the fair queue serves a tenant's items in planned order and
-      the tenants in turn (equal weights), so while the attempt's tenant has ``m`` items in
-      the system, every other tenant is served at most ``m + 2`` items planned after ``t``:
-      the work of its next ``m + 2`` fires.
+      the tenants in turn (equal weights), so while the attempt's tenant has ``m`` fires in
+      the system, every other tenant is served at most its next ``m + 2`` fires planned
+      after ``t``, and only those due by then;
 
-    A fire is in the system from its instant to its last attempt's end, each attempt
-    starting within its own bound and its retry due ``backoff_max x 1.2`` after it ended.
+    so it starts within ``B`` of ``tau + h``, ``h`` the first time the workers' capacity
+    (:func:`_capacity_s`) exceeds that, for every possible ``tau`` (the instants since the
+    last one a worker was certainly idle, less those another dominates), at the first fixed
+    point of the overtaking work. A fire is in the system from its instant to its last
+    attempt's end, each attempt starting within its own bound and its retry due
+    ``backoff_max x 1.2`` after it ended.
     """
 
     workers: int

@@ -39,6 +39,7 @@ from engine.handlers import ExecutionContext
 from simulations.clocks import DatabaseClock
 from simulations.scenario import HandlerFaults, HandlerLatency, SlowHandler
 from simulations.trace import Trace
+from simulations.workload import TASK_TYPE
 
 
 class Process(Protocol):
@@ -67,7 +68,7 @@ class Delivery:
     fate: str
     effect_sent: bool = False
     finished_at: datetime | None = None
-    task_type: str = "sim"
+    task_type: str = TASK_TYPE
 
 
 class Sinks:
