@@ -102,6 +102,9 @@ class Room:
         """Every attempt not closed yet: what a teardown closes, what renewals look at."""
         self.on_room: Callable[[], None] = lambda: None
         """Called when a slot given back leaves a claim's worth free (the dispatcher's nudge)."""
+        # The attempts' release functions, bound once: holding a resource allocates nothing.
+        self._leave_open = self.open.discard
+        self._free_slot = self._slot_freed
 
     def claim_size(self) -> int:
         return claim_size(
@@ -112,12 +115,12 @@ class Room:
         """A new attempt for ``execution``, holding a slot and its place among the open."""
         attempt = Attempt(execution)
         self.open.add(attempt)
-        attempt.hold(OPEN, self.open.discard, attempt)
+        attempt.hold(OPEN, self._leave_open)
         self.in_flight += 1
-        attempt.hold(SLOT, self._slot_freed)
+        attempt.hold(SLOT, self._free_slot)
         return attempt
 
-    def _slot_freed(self) -> None:
+    def _slot_freed(self, _: Attempt) -> None:
         self.in_flight -= 1
         if self.claim_size() > 0:
             self.on_room()

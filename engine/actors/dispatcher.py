@@ -64,7 +64,7 @@ from engine.actors.schedule_cache import ScheduleCache
 from engine.actors.task_kinds import TaskKinds
 from engine.clock import Clock
 from engine.config import ATTEMPT_LEASE_S_DEFAULT
-from engine.core.dispatch import ConcurrencyLimits
+from engine.core.dispatch import ConcurrencyLimits, idle_wait_s
 from engine.core.fair_queue import FairQueue, PushOutcome
 from engine.core.queue_shares import Position, QueueShares
 from engine.core.token_bucket import TokenBucket
@@ -199,6 +199,8 @@ class Dispatcher:
         """Where the next fetch resumes while paging through a backlog."""
         self._shares = QueueShares(self.queue)
         """The tenants whose backlog runs on beyond their share of the queue, read apart."""
+        self._waits_for_token = False
+        """The last pop took fewer than the room admitted for want of tokens."""
         self._pass_closed_until = -math.inf
         self._pass_closed_at = -1
         """A full page held only spilled tenants: read the pass on, until this monotonic
@@ -212,6 +214,20 @@ class Dispatcher:
         """A fetch waits on the ledger now (retrying through an outage too): a pipeline
         waiting on its database is not stalled; the database check says why."""
         room.on_room = self._nudge
+        # The attempts' release functions, bound once: holding a resource allocates nothing.
+        self._release_limits = self._limits_released
+        self._release_dispatching = self._dispatched
+        self._release_in_flight = self._settled
+
+    def _limits_released(self, attempt: Attempt) -> None:
+        execution = attempt.execution
+        self._limits.finished(execution.tenant_id, execution.task_type)
+
+    def _dispatched(self, attempt: Attempt) -> None:
+        self._dispatching.discard(attempt.execution.execution_id)
+
+    def _settled(self, attempt: Attempt) -> None:
+        self._table.attempts_settled(attempt.partition_id)
 
     def _count_overlap_skips(self) -> None:
         """Add the executions the overlap guard recorded as skipped since the last time."""
@@ -238,9 +254,10 @@ class Dispatcher:
         )
 
     def _nudge(self) -> None:
-        """Wake the dispatch loop: there may be work or room now."""
+        """Wake the dispatch loop: there may be work or room now. A nudge while the loop is
+        busy is kept for its next wait (it then looks again at once); many nudges before
+        that wait cost one wake-up."""
         self._fetched.set()
-        self._fetched = trio.Event()
 
     async def run(
         self,
@@ -377,19 +394,25 @@ class Dispatcher:
         wanted = self._room.claim_size()
         if wanted > 0:
             self.progress_at = now_mono  # able to hand work on, whether or not any is due
+        short_of_tokens = False
         if self._bucket is not None and wanted > 0:
-            wanted = min(wanted, self._tokens_now(now_mono))
+            tokens = self._tokens_now(now_mono)
+            short_of_tokens = tokens < wanted
+            wanted = min(wanted, tokens)
         popped = self.queue.pop_many(self._monitor.now(), wanted) if wanted > 0 else []
+        # Held back by the bucket only if the queue gave all the tokens allowed (it may hold
+        # more that is due); an idle queue is not waiting for a token.
+        self._waits_for_token = short_of_tokens and len(popped) == wanted
         if popped and self._bucket is not None and not self._bucket.take(now_mono, len(popped)):
             raise AssertionError("the token bucket refused what it said it would admit")
         attempts = []
         for execution in popped:
             attempt = self._room.admit(execution)
-            attempt.hold(LIMITS, self._limits.finished, execution.tenant_id, execution.task_type)
+            attempt.hold(LIMITS, self._release_limits)
             # Popped but still startable in the ledger: a fetch meanwhile must not queue it
             # again (a second copy would meet its own hold or run as an overlap).
             self._dispatching.add(execution.execution_id)
-            attempt.hold(DISPATCHING, self._dispatching.discard, execution.execution_id)
+            attempt.hold(DISPATCHING, self._release_dispatching)
             attempts.append(attempt)
         return attempts
 
@@ -450,7 +473,7 @@ class Dispatcher:
         for attempt in wanted:
             # In flight from now (a hand-back of the partition waits for it) until closed.
             self._table.attempts_started(attempt.partition_id)
-            attempt.hold(IN_FLIGHT, self._table.attempts_settled, attempt.partition_id)
+            attempt.hold(IN_FLIGHT, self._release_in_flight)
         lease_s = self.config.attempt_lease_s
         sent_at = [self._clock.monotonic()]
 
@@ -566,22 +589,23 @@ class Dispatcher:
             await self._claim_and_send(admitted, claimed)
 
     async def _wait_for_work(self) -> None:
-        wait_s = self.config.fetch_interval_s
         upcoming = self.queue.next_due_at()
-        if upcoming is not None:
-            # Past means it is due but was not popped (the token bucket is empty): the
-            # bucket's wait below decides, or this would spin until a token comes.
-            ahead_s = (upcoming - self._monitor.now()).total_seconds()
-            if ahead_s > 0:
-                wait_s = min(wait_s, ahead_s)
-        if self._bucket is not None and len(self.queue):
-            # Only while something waits for a token: an idle node with a rate must not wake
-            # every millisecond (its bucket is full, its wait zero).
+        token_s = None
+        if self._bucket is not None and self._waits_for_token:
             token_s = self._bucket.wait_s(self._clock.monotonic())
-            if token_s > 0:
-                wait_s = min(wait_s, max(token_s, 0.001))
-        with trio.move_on_after(max(wait_s, 0.001) if math.isfinite(wait_s) else 1.0):
-            await self._fetched.wait()
+        wait_s = idle_wait_s(
+            fallback_s=self.config.fetch_interval_s,
+            next_due_in_s=None
+            if upcoming is None
+            else (upcoming - self._monitor.now()).total_seconds(),
+            token_wait_s=token_s,
+        )
+        nudged = self._fetched
+        if not nudged.is_set():
+            with trio.move_on_after(max(wait_s, 0.001) if math.isfinite(wait_s) else 1.0):
+                await nudged.wait()
+        if nudged.is_set():
+            self._fetched = trio.Event()
 
 
 def _position(cursor: DueCursor) -> Position:

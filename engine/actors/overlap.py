@@ -85,6 +85,8 @@ class OverlapGuard:
         self.skipped = 0
         self.deferred = 0
         """Left in the ledger because their schedule could not be read (retried later)."""
+        self._release_overlap = self._run_ended
+        """The attempts' release function, bound once: holding it allocates nothing."""
 
     @property
     def held(self) -> int:
@@ -116,7 +118,7 @@ class OverlapGuard:
             if verdict is OverlapVerdict.START:
                 schedule_id = execution.schedule_id
                 self._running[schedule_id] = self._running.get(schedule_id, 0) + 1
-                attempt.hold(OVERLAP, self.started_done, schedule_id)
+                attempt.hold(OVERLAP, self._release_overlap)
                 admitted.append(attempt)
             elif verdict is OverlapVerdict.HOLD:
                 self._held[execution.schedule_id] = execution
@@ -199,6 +201,9 @@ class OverlapGuard:
     def is_held(self, execution: Execution) -> bool:
         held = self._held.get(execution.schedule_id)
         return held is not None and held.execution_id == execution.execution_id
+
+    def _run_ended(self, attempt: Attempt) -> None:
+        self.started_done(attempt.execution.schedule_id)
 
     def started_done(self, schedule_id: str) -> None:
         """One execution of ``schedule_id`` started here is over (or was not claimed)."""

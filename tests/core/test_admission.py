@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections import Counter
 
 import pytest
@@ -114,15 +115,16 @@ def test_every_resource_a_ticket_holds_is_released_exactly_once(
     closes the ticket (perhaps again), and some release functions raise; every resource is
     still given back exactly once."""
     released: Counter[str] = Counter()
+    ticket = AttemptTicket("execution")
 
-    def give_back(name: str) -> None:
+    def give_back(name: str, given: AttemptTicket[str]) -> None:
+        assert given is ticket  # a release function is told whose resource it gets back
         released[name] += 1
         if name in failing:
             raise RuntimeError(f"{name} release failed")
 
-    ticket = AttemptTicket("execution")
     for name in taken:
-        ticket.hold(name, give_back, name)
+        ticket.hold(name, functools.partial(give_back, name))
     for name in early:
         with contextlib.suppress(RuntimeError):
             ticket.release(name)
@@ -135,15 +137,15 @@ def test_every_resource_a_ticket_holds_is_released_exactly_once(
 
 def test_a_resource_cannot_be_held_twice() -> None:
     ticket = AttemptTicket("execution")
-    ticket.hold("slot", lambda: None)
+    ticket.hold("slot", lambda _: None)
     with pytest.raises(ValueError, match="held already"):
-        ticket.hold("slot", lambda: None)
+        ticket.hold("slot", lambda _: None)
 
 
 def test_close_gives_back_the_last_taken_first() -> None:
     order: list[str] = []
     ticket = AttemptTicket("execution")
     for name in ("open", "slot", "limits"):
-        ticket.hold(name, order.append, name)
+        ticket.hold(name, lambda _, name=name: order.append(name))
     ticket.close()
     assert order == ["limits", "slot", "open"]
