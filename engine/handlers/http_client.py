@@ -1,4 +1,5 @@
-"""The webhook client: one per node, keep-alive HTTP/1.1 on trio streams with h11.
+"""The webhook client: one per node, keep-alive HTTP/1.1 on trio streams with h11, and
+HTTP/2 (:mod:`engine.handlers.http2`) where an https receiver chooses it by ALPN.
 
 Why this client: measured with ``benchmarks/webhook_clients.py`` (10,000 POSTs, 1,000 in
 flight, a local receiver answering after 0 or 50 ms, medians of 3 alternating runs on the
@@ -62,7 +63,19 @@ What it guarantees:
   retried here: a connection dropped before the answer may have been processed, and the
   handler reports it as a transient failure for the retry policy (the idempotency key makes
   that safe).
-* **HTTP/1.1 only.** ALPN offers ``http/1.1``; HTTP/2 is not implemented.
+* **HTTP/2 where the receiver offers it.** ALPN offers ``h2`` then ``http/1.1`` (the default
+  TLS context; a context given by the caller keeps its own ALPN). A receiver that chooses
+  ``h2`` gets shared connections (:class:`~engine.handlers.http2.H2Connection`), pooled
+  under the same vetted key: each holds one per-host and one total connection slot for its
+  life and carries as many deliveries at once as the receiver's ``MAX_CONCURRENT_STREAMS``;
+  a new one is opened only when every stream of the others is taken. Until a key's protocol
+  is known (its first https connection), one connection is opened at a time to it and the
+  other deliveries wait for it, so a burst to a new receiver does not open a connection per
+  delivery before learning it speaks HTTP/2. A stream the receiver provably did not process
+  (``REFUSED_STREAM``, above a GOAWAY's last stream id) is sent once more on another
+  connection, like a request whose send failed on a reused HTTP/1.1 connection. Idle HTTP/2
+  connections are reaped like idle HTTP/1.1 ones; a DNS answer that drops an address
+  retires the connections to it (their streams finish, no new ones start).
 
 Use :func:`open_webhook_client` for the node's client (it also runs the idle reaper) and
 pass it to :class:`engine.handlers.webhook.WebhookHandler`; handlers built without one use
@@ -72,6 +85,7 @@ pass it to :class:`engine.handlers.webhook.WebhookHandler`; handlers built witho
 from __future__ import annotations
 
 import contextlib
+import logging
 import select
 import ssl
 from collections.abc import AsyncIterator
@@ -83,6 +97,17 @@ import msgspec
 import trio
 
 from engine.errors import ConfigError
+from engine.handlers.http2 import H2Connection
+from engine.handlers.http_wire import (
+    RECEIVE_BYTES,
+    RESPONSE_HEAD_BYTES_MAX,
+    ConnectFailed,
+    ExchangeFailed,
+    ResolveFailed,
+    StreamRefused,
+    WebhookResponse,
+    describe,
+)
 from engine.handlers.ssrf import IPAddress, IPNetwork, resolve, vet
 
 __all__ = [
@@ -99,15 +124,14 @@ __all__ = [
     "open_webhook_client",
 ]
 
+log = logging.getLogger("carillon.webhook")
+
 DNS_CACHE_S: Final = 15.0
 """Longest time a DNS answer is used (vetted again on every use)."""
 DNS_FAILURE_CACHE_S: Final = 2.0
 """How long a failed lookup is remembered (deliveries waiting on it share the failure)."""
 DNS_CACHE_ENTRIES: Final = 4096
 TLS_SESSIONS_MAX: Final = 4096
-RESPONSE_HEAD_BYTES_MAX: Final = 64 * 1024
-"""Longest status line plus headers accepted."""
-RECEIVE_BYTES: Final = 64 * 1024
 REAP_INTERVAL_S: Final = 1.0
 
 
@@ -151,30 +175,14 @@ class WebhookClientStatistics(msgspec.Struct, frozen=True, kw_only=True):
     stale_discarded: int
     """Idle connections found closed (or unreadable) by the receiver when taken."""
     resent: int
-    """Requests sent again on a new connection after the send failed on a reused one."""
+    """Requests sent again, on another connection, when provably not processed: the send
+    failed on a reused HTTP/1.1 connection, or an HTTP/2 receiver refused the stream
+    (``REFUSED_STREAM``, or a GOAWAY below it)."""
     dns_lookups: int
     tls_sessions_resumed: int
-
-
-class WebhookResponse(msgspec.Struct, frozen=True, kw_only=True):
-    """An answer: status, headers (names lower-case; the last of repeated ones) and the
-    first ``body_max_bytes`` of the body."""
-
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-
-class ResolveFailed(Exception):
-    """The host name did not resolve (``getaddrinfo`` failed or named no address)."""
-
-
-class ConnectFailed(Exception):
-    """No connection (TCP or TLS) could be made to this address; nothing was sent."""
-
-
-class ExchangeFailed(Exception):
-    """The connection failed after it was made: the request may have been processed."""
+    http2_connections_opened: int = 0
+    """Of ``connections_opened``, those whose receiver chose HTTP/2 (ALPN ``h2``)."""
+    http2_connections_open: int = 0
 
 
 class Progress:
@@ -232,6 +240,20 @@ class _DnsEntry:
         self.expires_at = expires_at
 
 
+class _Message:
+    """One delivery's request, as given to :meth:`WebhookClient.post`."""
+
+    __slots__ = ("body", "body_max_bytes", "headers", "target")
+
+    def __init__(
+        self, target: bytes, headers: list[tuple[str, str]], body: bytes, body_max_bytes: int
+    ) -> None:
+        self.target = target
+        self.headers = headers
+        self.body = body
+        self.body_max_bytes = body_max_bytes
+
+
 class _SendFailed(Exception):
     """Sending the request failed: the receiver never got all of it."""
 
@@ -251,11 +273,12 @@ def _looks_alive(sock: trio.socket.SocketType) -> bool:
 
 
 def default_ssl_context() -> ssl.SSLContext:
-    """The system's trust store (``SSL_CERT_FILE``/``SSL_CERT_DIR`` honoured), HTTP/1.1 ALPN."""
+    """The system's trust store (``SSL_CERT_FILE``/``SSL_CERT_DIR`` honoured); ALPN offers
+    HTTP/2, then HTTP/1.1."""
     import httpx  # the same CA bundle choice as before the client was ours
 
     context = httpx.create_ssl_context(trust_env=True)
-    context.set_alpn_protocols(["http/1.1"])
+    context.set_alpn_protocols(["h2", "http/1.1"])
     return context
 
 
@@ -275,6 +298,16 @@ class WebhookClient:
         self._idle: dict[PoolKey, list[_Connection]] = {}
         self._idle_order: dict[_Connection, None] = {}
         self._busy: set[_Connection] = set()
+        self._h2_pools: dict[PoolKey, list[H2Connection]] = {}
+        """HTTP/2 connections taking streams, by key (each shared by many deliveries)."""
+        self._h2_open: dict[H2Connection, PoolKey] = {}
+        """Every HTTP/2 connection not ended yet (those retired from the pools included)."""
+        self._speaks_h2: dict[PoolKey, bool] = {}
+        """What each key's receiver chose by ALPN on the last connection (absent: not known
+        yet). Where it chose HTTP/2, or may (https, not known yet), a delivery waits for a
+        connection being opened, or for a free stream, rather than opening one of its own:
+        a burst to a new receiver opens one connection first, not one per delivery."""
+        self._h2_opening: dict[PoolKey, trio.Event] = {}
         self._dns: dict[HostKey, _DnsEntry] = {}
         self._dns_pending: dict[HostKey, trio.Event] = {}
         self._tls_sessions: dict[PoolKey, ssl.SSLSession] = {}
@@ -287,6 +320,7 @@ class WebhookClient:
         self._resent = 0
         self._lookups = 0
         self._resumed = 0
+        self._h2_opened = 0
 
     @property
     def ssl_context(self) -> ssl.SSLContext:
@@ -306,6 +340,8 @@ class WebhookClient:
             resent=self._resent,
             dns_lookups=self._lookups,
             tls_sessions_resumed=self._resumed,
+            http2_connections_opened=self._h2_opened,
+            http2_connections_open=len(self._h2_open),
         )
 
     # --- the one operation -------------------------------------------------------------
@@ -346,70 +382,185 @@ class WebhookClient:
             server_name: str | None = host
         else:
             context = server_name = None
-        request = h11.Request(
-            method="POST",
-            target=target,
-            headers=[*headers, ("Content-Length", str(len(body)))],
-        )
+        message = _Message(target, headers, body, body_max_bytes)
         failures: list[str] = []
         for address in addresses:
             progress.address = address
             key: PoolKey = (scheme, host, port, address, server_name, context)
             try:
-                return await self._post_to(key, request, body, body_max_bytes, progress)
+                return await self._post_to(key, message, progress)
             except ConnectFailed as error:
                 failures.append(f"{address}: {error}")
         raise ConnectFailed("; ".join(failures))
 
     async def _post_to(
-        self,
-        key: PoolKey,
-        request: h11.Request,
-        body: bytes,
-        body_max_bytes: int,
-        progress: Progress,
+        self, key: PoolKey, message: _Message, progress: Progress
     ) -> WebhookResponse:
         host = self._host(key[1], key[2])
-        progress.phase = "waiting for a connection slot"
-        async with host.slots, self._total_slots:
-            connection = self._take_idle(key)
+        resent = False
+        while True:
+            try:
+                return await self._exchange(key, host, message, progress, fresh=resent)
+            except StreamRefused as refused:
+                # Provably not processed (a GOAWAY, REFUSED_STREAM, a reused HTTP/1.1
+                # connection found dead while sending): once more, on another connection.
+                if resent:
+                    raise ExchangeFailed(f"sending the request failed twice: {refused}") from None
+                resent = True
+                self._resent += 1
+
+    async def _exchange(
+        self, key: PoolKey, host: _Host, message: _Message, progress: Progress, *, fresh: bool
+    ) -> WebhookResponse:
+        """One exchange: on a shared HTTP/2 connection with a free stream, or on a connection
+        of this delivery's own (a kept-alive one unless ``fresh``, or a new one)."""
+        while True:
+            shared = await self._shared_connection(key, host, progress)
+            if shared is not None:
+                return await self._exchange_h2(shared, key, message, progress)
+            progress.phase = "waiting for a connection slot"
+            await host.slots.acquire()
+            try:
+                await self._total_slots.acquire()
+            except BaseException:
+                host.slots.release()
+                raise
+            shared = self._h2_available(key)  # opened while this one waited for a slot
+            if shared is None and key not in self._h2_opening:
+                # The slots go with the connection: given back after this exchange
+                # (HTTP/1.1), or when the connection ends (HTTP/2, shared).
+                return await self._exchange_own(key, host, message, progress, fresh=fresh)
+            self._release_slots(host)
+            if shared is not None:
+                return await self._exchange_h2(shared, key, message, progress)
+            # Another delivery is opening an HTTP/2 connection to this receiver: wait for it.
+
+    async def _shared_connection(
+        self, key: PoolKey, host: _Host, progress: Progress
+    ) -> H2Connection | None:
+        """An HTTP/2 connection of ``key`` with a free stream, waiting for one (or for the
+        connection being opened) when this key speaks HTTP/2 and no slot is free for a new
+        connection; ``None``: take a slot (and a kept-alive or new connection)."""
+        while True:
+            shared = self._h2_available(key)
+            if shared is not None:
+                return shared
+            if not self._may_share(key):
+                return None
+            pending = self._h2_opening.get(key)
+            if pending is not None:
+                progress.phase = "waiting for a connection being opened"
+                await pending.wait()
+                continue
+            busy = self._h2_pools.get(key)
+            if not busy or (host.slots.value and self._total_slots.value):
+                return None  # room for another connection
+            progress.phase = "waiting for a free HTTP/2 stream"
+            if not await busy[0].wait_available():
+                self._retire(busy[0])  # it will take no stream again
+
+    def _may_share(self, key: PoolKey) -> bool:
+        """Whether ``key``'s receiver speaks HTTP/2, or may (https, not known yet)."""
+        return self._speaks_h2.get(key, key[0] == "https")
+
+    def _h2_available(self, key: PoolKey) -> H2Connection | None:
+        for connection in self._h2_pools.get(key, ()):
+            if connection.available():
+                return connection
+        return None
+
+    def _release_slots(self, host: _Host) -> None:
+        self._total_slots.release()
+        host.slots.release()
+
+    async def _exchange_own(
+        self, key: PoolKey, host: _Host, message: _Message, progress: Progress, *, fresh: bool
+    ) -> WebhookResponse:
+        """One exchange on a connection of this delivery's own (it holds the slots): a
+        kept-alive one, or a new one -- which becomes a shared one if it speaks HTTP/2."""
+        slots_held = True
+        try:
+            connection = None if fresh else self._take_idle(key)
             reused = connection is not None
             if connection is None:
                 progress.phase = "connecting"
-                connection = await self._connect(key, host)
-            self._busy.add(connection)
-            keep = False
-            try:
+                opening = trio.Event() if self._may_share(key) else None
+                if opening is not None:
+                    self._h2_opening[key] = opening  # no other is (see _exchange)
                 try:
-                    progress.phase = "sending the request"
-                    await self._send(connection, request, body)
-                except _SendFailed as failed:
-                    if not reused:
-                        raise ExchangeFailed(f"sending the request failed: {failed}") from None
-                    # The request never left whole: it cannot have been processed.
-                    self._discard(connection)
-                    self._resent += 1
-                    progress.phase = "connecting"
-                    connection = await self._connect(key, host)
-                    self._busy.add(connection)
-                    progress.phase = "sending the request"
-                    try:
-                        await self._send(connection, request, body)
-                    except _SendFailed as again:
-                        raise ExchangeFailed(f"sending the request failed: {again}") from None
-                progress.phase = "waiting for the answer"
-                response, keep = await self._receive(connection, body_max_bytes)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
-                raise ExchangeFailed(_describe(error)) from None
-            except h11.ProtocolError as error:
-                raise ExchangeFailed(f"the answer is malformed or cut off: {error}") from None
-            finally:
-                self._busy.discard(connection)
-                if keep and not self._closed:
-                    self._release(connection)
-                else:
-                    self._discard(connection)
-            return response
+                    opened = await self._connect(key, host)
+                finally:
+                    if opening is not None and self._h2_opening.get(key) is opening:
+                        del self._h2_opening[key]
+                        opening.set()
+                if isinstance(opened, H2Connection):
+                    slots_held = False  # the connection's now, until it ends
+                    return await self._exchange_h2(opened, key, message, progress)
+                connection = opened
+            return await self._exchange_h1(connection, reused, key, host, message, progress)
+        finally:
+            if slots_held:
+                self._release_slots(host)
+
+    async def _exchange_h1(
+        self,
+        connection: _Connection,
+        reused: bool,
+        key: PoolKey,
+        host: _Host,
+        message: _Message,
+        progress: Progress,
+    ) -> WebhookResponse:
+        request = h11.Request(
+            method="POST",
+            target=message.target,
+            headers=[*message.headers, ("Content-Length", str(len(message.body)))],
+        )
+        body = message.body
+        self._busy.add(connection)
+        keep = False
+        try:
+            try:
+                progress.phase = "sending the request"
+                await self._send(connection, request, body)
+            except _SendFailed as failed:
+                if not reused:
+                    raise ExchangeFailed(f"sending the request failed: {failed}") from None
+                # The request never left whole: it cannot have been processed.
+                raise StreamRefused(f"a kept-alive connection failed: {failed}") from None
+            progress.phase = "waiting for the answer"
+            response, keep = await self._receive(connection, message.body_max_bytes)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
+            raise ExchangeFailed(describe(error)) from None
+        except h11.ProtocolError as error:
+            raise ExchangeFailed(f"the answer is malformed or cut off: {error}") from None
+        finally:
+            self._busy.discard(connection)
+            if keep and not self._closed:
+                self._release(connection)
+            else:
+                self._discard(connection)
+        return response
+
+    async def _exchange_h2(
+        self, connection: H2Connection, key: PoolKey, message: _Message, progress: Progress
+    ) -> WebhookResponse:
+        authority = next(
+            (value for name, value in message.headers if name.lower() == "host"), key[1]
+        )
+        progress.phase = "waiting for the answer"
+        self._requests += 1
+        try:
+            return await connection.request(
+                scheme=key[0],
+                authority=authority,
+                path=message.target.decode("ascii"),
+                headers=message.headers,
+                body=message.body,
+                body_max_bytes=message.body_max_bytes,
+            )
+        except ValueError as error:
+            raise ExchangeFailed(f"the request cannot be sent over HTTP/2: {error}") from None
 
     # --- connections -------------------------------------------------------------------
 
@@ -437,8 +588,11 @@ class WebhookClient:
             self._close(connection)
         return None
 
-    async def _connect(self, key: PoolKey, host: _Host) -> _Connection:
+    async def _connect(self, key: PoolKey, host: _Host) -> _Connection | H2Connection:
+        """A new connection for ``key`` (it takes the slots the caller holds): HTTP/1.1, or
+        a started, pooled HTTP/2 connection when the receiver chose ``h2`` by ALPN."""
         scheme, _, port, address, server_name, context = key
+        shared: H2Connection | None = None
         # Make room first, so that neither limit is ever passed: over a limit there is
         # always an idle connection to close, since this delivery holds a slot and none.
         if host.open >= self.config.connections_per_host and host.idle:
@@ -455,7 +609,7 @@ class WebhookClient:
             try:
                 await sock.connect((str(address), port))
             except OSError as error:
-                raise ConnectFailed(_describe(error)) from None
+                raise ConnectFailed(describe(error)) from None
             stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]
             stream = trio.SocketStream(sock)
             if scheme == "https":
@@ -470,17 +624,67 @@ class WebhookClient:
                 try:
                     await tls.do_handshake()
                 except (trio.BrokenResourceError, OSError) as error:
-                    raise ConnectFailed(_describe(error)) from None
+                    raise ConnectFailed(describe(error)) from None
                 if tls.session_reused:
                     self._resumed += 1
                 stream = tls
+                if tls.selected_alpn_protocol() == "h2":
+                    shared = H2Connection(tls)
+                    await shared.start()  # ConnectFailed (transport closed) if not HTTP/2
         except BaseException:
             sock.close()
             host.open -= 1
             self._open_total -= 1
             raise
         self._opened += 1
-        return _Connection(key, host, stream, sock)
+        if scheme == "https":
+            self._speaks_h2[key] = shared is not None
+            if len(self._speaks_h2) > TLS_SESSIONS_MAX:
+                del self._speaks_h2[next(iter(self._speaks_h2))]
+        if shared is None:
+            return _Connection(key, host, stream, sock)
+        self._share(shared, key, host)
+        if isinstance(stream, trio.SSLStream):
+            self._remember_session(key, stream)
+        return shared
+
+    # --- shared (HTTP/2) connections ---------------------------------------------------
+
+    def _share(self, connection: H2Connection, key: PoolKey, host: _Host) -> None:
+        """Pool a started HTTP/2 connection; it holds the slots of the delivery that opened
+        it (one per host, one in total) until it ends."""
+        self._h2_opened += 1
+        self._h2_pools.setdefault(key, []).append(connection)
+        self._h2_open[connection] = key
+        connection.idle_since = trio.current_time()
+        trio.lowlevel.spawn_system_task(
+            self._run_shared, connection, key, host, name="carillon-webhook-http2"
+        )
+
+    async def _run_shared(self, connection: H2Connection, key: PoolKey, host: _Host) -> None:
+        """The connection's reader, until it ends; then its slots are given back."""
+        try:
+            await connection.run()
+        except Exception as error:  # run() returns at its end; never crash the node for it
+            log.error("an HTTP/2 connection to %s ended in error: %s", key[1], describe(error))
+        finally:
+            connection.close()
+            self._retire(connection)
+            self._h2_open.pop(connection, None)
+            host.open -= 1
+            self._open_total -= 1
+            self._release_slots(host)
+
+    def _retire(self, connection: H2Connection) -> None:
+        """Take ``connection`` out of its pool (no new stream); its streams go on."""
+        key = self._h2_open.get(connection)
+        if key is None:
+            return
+        pool = self._h2_pools.get(key)
+        if pool is not None and connection in pool:
+            pool.remove(connection)
+            if not pool:
+                del self._h2_pools[key]
 
     async def _send(self, connection: _Connection, request: h11.Request, body: bytes) -> None:
         parser = connection.parser
@@ -493,7 +697,7 @@ class WebhookClient:
         try:
             await connection.stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
-            raise _SendFailed(_describe(error)) from None
+            raise _SendFailed(describe(error)) from None
 
     async def _receive(
         self, connection: _Connection, body_max_bytes: int
@@ -586,6 +790,10 @@ class WebhookClient:
         expired = [c for c in self._idle_order if c.idle_since <= limit]
         for connection in expired:
             self._evict(connection)
+        for shared in list(self._h2_open):
+            if not shared.in_flight and shared.idle_since <= limit:
+                shared.close()  # its reader ends, then gives its slots back
+                self._retire(shared)
         for name, host in list(self._hosts.items()):
             if not host.open and host.slots.value == self.config.connections_per_host:
                 del self._hosts[name]
@@ -637,6 +845,9 @@ class WebhookClient:
             for connection in [c for c in self._idle_order if c.key[1:3] == (host, port)]:
                 if connection.key[3] not in entry.addresses:
                     self._evict(connection)
+            for shared, key in list(self._h2_open.items()):
+                if key[1:3] == (host, port) and key[3] not in entry.addresses:
+                    self._retire(shared)  # its streams finish; then it is idle and reaped
         return entry
 
     # --- life ----------------------------------------------------------------------------
@@ -655,6 +866,9 @@ class WebhookClient:
             self._evict(connection)
         for connection in list(self._busy):
             self._discard(connection)
+        for shared in list(self._h2_open):
+            shared.close()  # open streams fail; its reader ends and gives its slots back
+            self._retire(shared)
 
 
 @asynccontextmanager
@@ -699,18 +913,3 @@ async def _reap_until_closed(client: WebhookClient) -> None:
             await client.run_reaper()
     finally:
         client.close()
-
-
-def _describe(error: BaseException) -> str:
-    """The error and its root cause (trio wraps the socket or TLS error that explains it)."""
-    root: BaseException = error
-    for _ in range(8):
-        inner = root.__cause__ or root.__context__
-        if inner is None:
-            break
-        root = inner
-    text = type(error).__name__
-    if root is not error:
-        text += f": {type(root).__name__}"
-    detail = str(root) or str(error)
-    return f"{text}: {detail}" if detail else text

@@ -3,12 +3,16 @@ on 127.0.0.1 (benchmarks/webhook_receiver.py): keep-alive, limits, faults, DNS, 
 
 from __future__ import annotations
 
+import logging
 import shutil
 import socket
 import ssl
 import subprocess
 from collections.abc import AsyncIterator, Iterator
+from functools import partial
+from ipaddress import ip_network
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -19,6 +23,7 @@ from engine.handlers import http_client as http_client_module
 from engine.handlers.http_client import (
     WebhookClient,
     WebhookClientConfig,
+    WebhookResponse,
     default_client,
     open_webhook_client,
 )
@@ -499,3 +504,59 @@ async def test_a_kept_alive_tls_connection_is_not_shared_with_another_server_nam
     assert (result.kind, result.error_code) == (OutcomeKind.TRANSIENT, "connect_error")
     assert result.error_message is not None
     assert "not valid for 'other.test'" in result.error_message
+
+
+async def test_deliveries_to_an_http2_receiver_share_its_connections(
+    certificate: tuple[Path, Path], answers: list[Answers]
+) -> None:
+    """Through :class:`WebhookClient`: a receiver that chose ``h2`` by ALPN carries many
+    deliveries per connection (here at most 20 streams each, 150 deliveries at once): the
+    deliveries wait for a stream or for the connection being opened rather than each
+    opening its own, and every one is answered."""
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
+    from tests.handlers.test_http2 import asgi_echo
+
+    answers.append(Answers("127.0.0.1"))
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    config.certfile, config.keyfile = str(certificate[0]), str(certificate[1])
+    config.accesslog = None
+    config.errorlog = logging.getLogger("tests.hypercorn")
+    config.h2_max_concurrent_streams = 20
+    stop = trio.Event()
+    context = ssl.create_default_context(cafile=str(certificate[0]))
+    context.verify_flags &= ~getattr(ssl, "VERIFY_X509_STRICT", 0)
+    context.set_alpn_protocols(["h2", "http/1.1"])
+    answers: dict[int, WebhookResponse] = {}
+    loopback = (ip_network("127.0.0.0/8"),)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery, open_webhook_client() as client:
+            app: Any = asgi_echo
+            binds = await nursery.start(partial(serve, app, config, shutdown_trigger=stop.wait))
+            port = int(binds[0].rsplit(":", 1)[1])
+
+            async def deliver(index: int) -> None:
+                answers[index] = await client.post(
+                    scheme="https", host="sink.test", port=port, target=b"/hook/%d" % index,
+                    headers=[("Host", f"sink.test:{port}")], body=b"%d" % index,
+                    allow=loopback, body_max_bytes=1024, ssl_context=context,
+                )  # fmt: skip
+
+            async with trio.open_nursery() as deliveries:
+                for index in range(450):
+                    deliveries.start_soon(deliver, index)
+                    if index % 150 == 149:
+                        await trio.sleep(0.05)
+            statistics = client.statistics()
+            stop.set()
+    assert sorted(answers) == list(range(450))
+    for index, response in answers.items():
+        assert (response.status, response.body) == (200, b"/hook/%d %d" % (index, index))
+        assert response.headers["x-http-version"] == "2"
+    assert statistics.http2_connections_opened == statistics.connections_opened
+    # 150 at once, 20 streams a connection: 8 connections would do; one at a time is opened.
+    assert statistics.connections_opened <= 12
+    assert statistics.requests == 450
+    assert statistics.resent == 0
