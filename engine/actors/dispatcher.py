@@ -61,7 +61,7 @@ from engine.actors.overlap import OverlapGuard
 from engine.actors.partitions import PartitionTable
 from engine.actors.retry import call_fenced
 from engine.actors.schedule_cache import ScheduleCache
-from engine.actors.task_kinds import TaskKinds
+from engine.actors.task_kinds import BLOCKING_GROUP, BLOCKING_KINDS, TaskKinds
 from engine.clock import Clock
 from engine.config import ATTEMPT_LEASE_S_DEFAULT
 from engine.core.dispatch import ConcurrencyLimits, idle_wait_s
@@ -509,6 +509,8 @@ class Dispatcher:
         self._kinds.refresh(task_types)
         for task_type in task_types:
             self._limits.set_task_type_cap(task_type.name, task_type.max_concurrency)
+            blocking = task_type.kind in BLOCKING_KINDS
+            self._limits.set_task_type_group(task_type.name, BLOCKING_GROUP if blocking else None)
         for tenant in await self._ledger.tenants_list():
             self._limits.set_tenant_quota(tenant.tenant_id, tenant.concurrency_quota)
             self.queue.set_weight(tenant.tenant_id, tenant.weight)

@@ -56,7 +56,7 @@ from engine.actors.completions import CompletionWriter, CompletionWriterConfig
 from engine.actors.dispatcher import Dispatcher, DispatcherConfig
 from engine.actors.partitions import PartitionTable
 from engine.actors.schedule_cache import ScheduleCache
-from engine.actors.task_kinds import CACHE_TTL_S_DEFAULT, TaskKinds
+from engine.actors.task_kinds import BLOCKING_GROUP, CACHE_TTL_S_DEFAULT, TaskKinds
 from engine.actors.workers import WorkerPool, WorkerPoolConfig
 from engine.clock import Clock
 from engine.core.admission import HandoffSizer
@@ -69,7 +69,10 @@ from engine.metrics import NodeMetrics
 log = logging.getLogger("carillon.pipeline")
 
 STALL_AFTER_S_DEFAULT: Final = 30.0
-WATCH_INTERVAL_S: Final = 1.0
+WATCH_INTERVAL_S_MAX: Final = 5.0
+"""The watchdog looks every sixth of ``stall_after_s``, at most this often apart: a stall is
+measured to within that, and an idle node does not wake every second for it (a day of
+three mock-clock nodes spent a third of its actors' time in 1 s ticks)."""
 FROZEN_AFTER_S: Final = 5.0
 """A watchdog tick this much later than planned means the process itself was not running
 (SIGSTOP, a VM pause): the time is not the dispatcher's stall, so measuring starts anew."""
@@ -122,6 +125,11 @@ class ExecutionPipeline:
             config.dispatcher.claim_batch,
         )
         self.limits = ConcurrencyLimits()
+        # Python and shell attempts hold a thread or a process: past twice the workers'
+        # limit of them (one running and one handed over per thread, so a thread does not
+        # idle through a claim's round trip), their backlog waits in the dispatcher's queue,
+        # not in worker slots.
+        self.limits.set_group_cap(BLOCKING_GROUP, 2 * workers.blocking_workers)
         schedules = ScheduleCache(ledger, clock, config.cache_ttl_s)
         kinds = self._kinds = TaskKinds(
             ledger, clock, options, wall_clock=monitor.clock(), ttl_s=config.cache_ttl_s
@@ -226,11 +234,12 @@ class ExecutionPipeline:
         return f"due work has not been dispatched for {stalled:.0f} s"
 
     async def _watch(self) -> None:
+        interval_s = min(WATCH_INTERVAL_S_MAX, max(self.config.stall_after_s / 6, 0.1))
         while True:
             before = self._tick_at
-            await trio.sleep(WATCH_INTERVAL_S)
+            await trio.sleep(interval_s)
             now = self._tick_at = self._clock.monotonic()
-            if now - before - WATCH_INTERVAL_S > FROZEN_AFTER_S:
+            if now - before - interval_s > FROZEN_AFTER_S:
                 # The process itself was not running: measure anew from here.
                 self._resumed_at = now
                 self._stuck_since = None

@@ -24,10 +24,15 @@ from engine.errors import CarillonError
 from engine.handlers import Handler, HandlerOptions, build_handler
 from engine.handlers.http_client import WebhookClient
 from engine.ledger.base import Ledger
-from engine.model import TaskType
+from engine.model import HandlerKind, TaskType
 
 log = logging.getLogger("carillon.workers")
 
+BLOCKING_KINDS: Final = frozenset({HandlerKind.PYTHON, HandlerKind.SHELL})
+"""Handler kinds that hold a thread or a process while they run: bounded apart, by the
+dispatcher (the task-type group :data:`BLOCKING_GROUP`, so a backlog of them waits in its
+queue, not in workers) and by the workers (a limiter of as many threads)."""
+BLOCKING_GROUP: Final = "blocking"
 CACHE_TTL_S_DEFAULT: Final = 10.0
 
 

@@ -57,7 +57,7 @@ from engine.actors.clock_monitor import ClockMonitor
 from engine.actors.partitions import PartitionTable
 from engine.actors.retry import call_fenced, retry_unavailable
 from engine.actors.schedule_cache import UNCACHED, ScheduleCache
-from engine.actors.task_kinds import TaskKind, TaskKinds
+from engine.actors.task_kinds import BLOCKING_KINDS, TaskKind, TaskKinds
 from engine.clock import Clock
 from engine.config import BLOCKING_WORKERS_DEFAULT, WORKERS_DEFAULT
 from engine.core.retry_policy import Decision, RetryPolicy, decide
@@ -74,7 +74,6 @@ from engine.ledger.base import (
     Outcome,
 )
 from engine.metrics import NodeMetrics
-from engine.model import HandlerKind
 
 log = logging.getLogger("carillon.workers")
 
@@ -97,8 +96,6 @@ renewal comes once a third has passed; beyond two thirds, renewals have been fai
 node was not running, and the lease may run out before the handler is under way."""
 HANDLER_CRASHED: Final = "handler_crashed"
 """The ``error_code`` of an attempt whose handler raised instead of returning a result."""
-BLOCKING_KINDS: Final = frozenset({HandlerKind.PYTHON, HandlerKind.SHELL})
-"""Handler kinds that hold a thread or a process while they run: bounded apart."""
 _OUTCOMES: Final = {str(outcome): outcome for outcome in Outcome}
 _SUCCEEDED: Final = Decision("succeeded")
 _SETUP_FAILED_POLICY: Final = RetryPolicy()

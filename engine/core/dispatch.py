@@ -87,6 +87,10 @@ class ConcurrencyLimits:
         self._by_pair: dict[tuple[str, str], int] = {}
         self._freed_tenants: set[str] = set()
         self._freed_types: set[str] = set()
+        self._group_of: dict[str, str] = {}
+        self._members: dict[str, set[str]] = {}
+        self._group_caps: dict[str, int] = {}
+        self._by_group: dict[str, int] = {}
         for task_type, cap in (task_type_caps or {}).items():
             self.set_task_type_cap(task_type, cap)
         for tenant_id, quota in (tenant_quotas or {}).items():
@@ -100,6 +104,43 @@ class ConcurrencyLimits:
             self._caps.pop(task_type, None)
         else:
             self._caps[task_type] = cap
+        self._freed_types.add(task_type)
+
+    def set_group_cap(self, group: str, cap: int | None) -> None:
+        """Cap the executions of every task type of ``group`` in flight together (``None``:
+        unlimited): e.g. the kinds that hold a thread or a process while they run."""
+        cap = _check_limit(cap, f"the cap of group {group!r}")
+        if cap is None:
+            self._group_caps.pop(group, None)
+        else:
+            self._group_caps[group] = cap
+        self._freed_types.update(self._members.get(group, ()))
+
+    def set_task_type_group(self, task_type: str, group: str | None) -> None:
+        """Put ``task_type`` in ``group`` (``None``: none). What it has in flight moves with
+        it, so every execution is counted once against the group it started in or moved to,
+        and given back there."""
+        old = self._group_of.get(task_type)
+        if old == group:
+            return
+        count = self._by_type.get(task_type, 0)
+        if old is not None:
+            self._members[old].discard(task_type)
+            if not self._members[old]:
+                del self._members[old]
+            if count:
+                left = self._by_group[old] - count
+                if left:
+                    self._by_group[old] = left
+                else:
+                    del self._by_group[old]
+                self._freed_types.update(self._members.get(old, ()))
+            del self._group_of[task_type]
+        if group is not None:
+            self._group_of[task_type] = group
+            self._members.setdefault(group, set()).add(task_type)
+            if count:
+                self._by_group[group] = self._by_group.get(group, 0) + count
         self._freed_types.add(task_type)
 
     def set_tenant_quota(self, tenant_id: str, quota: int | None) -> None:
@@ -127,9 +168,15 @@ class ConcurrencyLimits:
         return self._by_type.get(task_type, 0)
 
     def task_type_room(self, task_type: str) -> int | None:
-        """How many more of ``task_type`` may start (``None``: unlimited)."""
+        """How many more of ``task_type`` may start (``None``: unlimited), within its own
+        cap and its group's."""
         cap = self._caps.get(task_type)
-        return None if cap is None else max(0, cap - self._by_type.get(task_type, 0))
+        room = None if cap is None else max(0, cap - self._by_type.get(task_type, 0))
+        group = self._group_of.get(task_type)
+        if group is not None and group in self._group_caps:
+            group_room = max(0, self._group_caps[group] - self._by_group.get(group, 0))
+            room = group_room if room is None else min(room, group_room)
+        return room
 
     def tenant_has_room(self, tenant_id: str) -> bool:
         quota = self.tenant_quota(tenant_id)
@@ -137,7 +184,13 @@ class ConcurrencyLimits:
 
     def task_type_has_room(self, task_type: str) -> bool:
         cap = self._caps.get(task_type)
-        return cap is None or self._by_type.get(task_type, 0) < cap
+        if cap is not None and self._by_type.get(task_type, 0) >= cap:
+            return False
+        group = self._group_of.get(task_type)
+        if group is None:
+            return True
+        group_cap = self._group_caps.get(group)
+        return group_cap is None or self._by_group.get(group, 0) < group_cap
 
     def can_start(self, tenant_id: str, task_type: str) -> bool:
         return self.tenant_has_room(tenant_id) and self.task_type_has_room(task_type)
@@ -154,6 +207,9 @@ class ConcurrencyLimits:
         self._by_type[task_type] = self._by_type.get(task_type, 0) + 1
         pair = (tenant_id, task_type)
         self._by_pair[pair] = self._by_pair.get(pair, 0) + 1
+        group = self._group_of.get(task_type)
+        if group is not None:
+            self._by_group[group] = self._by_group.get(group, 0) + 1
 
     def finished(self, tenant_id: str, task_type: str) -> None:
         """Count one fewer in flight (the execution ended, or was never started after all)."""
@@ -164,7 +220,12 @@ class ConcurrencyLimits:
         _decrement(self._by_type, task_type)
         _decrement(self._by_pair, pair)
         self._freed_tenants.add(tenant_id)
-        self._freed_types.add(task_type)
+        group = self._group_of.get(task_type)
+        if group is None:
+            self._freed_types.add(task_type)
+        else:
+            _decrement(self._by_group, group)
+            self._freed_types.update(self._members[group])  # any of them may start now
 
     def drain_freed(self) -> tuple[list[str], list[str]]:
         """The tenants and task types (each sorted) that may have room again since last asked."""

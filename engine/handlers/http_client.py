@@ -313,6 +313,8 @@ class WebhookClient:
         self._tls_sessions: dict[PoolKey, ssl.SSLSession] = {}
         self._closed = False
         self._reaper_scope = trio.CancelScope()
+        self._kept = trio.Event()
+        """Set when a DNS answer is kept: the reaper has something to look after again."""
         self._requests = 0
         self._opened = 0
         self._reused = 0
@@ -840,6 +842,7 @@ class WebhookClient:
         if len(self._dns) >= DNS_CACHE_ENTRIES:
             del self._dns[next(iter(self._dns))]
         self._dns[(host, port)] = entry
+        self._kept.set()
         if previous is not None and previous.addresses != entry.addresses:
             # The answer changed: idle connections to addresses it no longer names go.
             for connection in [c for c in self._idle_order if c.key[1:3] == (host, port)]:
@@ -853,8 +856,13 @@ class WebhookClient:
     # --- life ----------------------------------------------------------------------------
 
     async def run_reaper(self) -> None:
-        """Close expired idle connections every second, until cancelled."""
+        """Close expired idle connections every second, until cancelled; while the client
+        keeps nothing (no connection, host or DNS answer), wait for its next lookup instead
+        (a node without webhooks does not wake for this every second)."""
         while True:
+            if not (self._idle_order or self._h2_open or self._hosts or self._dns):
+                self._kept = trio.Event()
+                await self._kept.wait()
             await trio.sleep(REAP_INTERVAL_S)
             self.reap_idle()
 

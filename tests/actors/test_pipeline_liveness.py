@@ -109,6 +109,35 @@ async def test_a_slow_period_is_followed_by_a_drained_backlog_and_every_fire_run
     assert max((e.started_at - e.planned_at).total_seconds() for e in recent if e.started_at) < 1
 
 
+async def test_a_backlog_of_python_attempts_waits_in_the_queue_not_in_the_workers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Python attempts hold a thread each, at most ``blocking_workers`` (2) at once. 200 of
+    them due at once, 10 s each, beside 50 ``noop`` fires of the same instant: the noop
+    fires start at once, since the python backlog waits in the dispatcher's queue instead of
+    holding the 8 worker slots while it waits for a thread (as it did: the noop fires then
+    waited behind it for minutes)."""
+    LATENCY_S[0] = 10.0
+    slow = python_type("slowpy", "answer", timeout_s=60)
+    async with cluster(workers=8, blocking_workers=2) as c:
+        await setup(c, 200, "0 2 0 * * *", slow)
+        noops = [
+            msgspec.structs.replace(s, schedule_id=f"z-noop-{n}")  # queued after the python ones
+            for n, s in enumerate(make_schedules(50, START, lambda n: ("0 2 0 * * *", "UTC")))
+        ]
+        await create(c.ledger, noops)
+        await c.start_node("n1")
+        await trio.sleep(150)  # to a minute after the instant (at 00:02:00)
+        executions = await all_executions(c.ledger)
+    noop = [e for e in executions if e.task_type == "noop"]
+    assert len(noop) == 50
+    assert max((e.started_at - e.planned_at).total_seconds() for e in noop if e.started_at) < 2
+    python = [e for e in executions if e.task_type == "slowpy"]
+    assert len(python) == 200
+    # Two at a time, 10 s each, for a minute: the blocking kinds kept their own pace.
+    assert 10 <= sum(1 for e in python if e.status is ExecutionStatus.SUCCEEDED) <= 12
+
+
 async def test_a_node_frozen_with_attempts_in_flight_dispatches_again_after_it_resumes(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -211,6 +211,46 @@ def test_a_capped_task_type_does_not_hold_up_the_tenants_other_types() -> None:
     assert item.execution_id == "s2"
 
 
+def test_a_group_cap_bounds_its_task_types_together_and_leaves_the_others_running() -> None:
+    """The blocking kinds (python, shell) share one cap: at it, their executions wait in the
+    queue -- not in a worker -- while a webhook type goes on; one ending lets either start."""
+    limits = ConcurrencyLimits()
+    limits.set_group_cap("blocking", 2)
+    limits.set_task_type_group("py", "blocking")
+    limits.set_task_type_group("sh", "blocking")
+    queue: FairQueue[Item] = FairQueue(limits=limits)
+    for n, task_type in enumerate(["py", "sh", "py", "sh", "hook", "hook"]):
+        queue.push(Item(f"{task_type}{n}", "A", task_type=task_type, planned_at=at(n)))
+    popped = [item.execution_id for item in queue.pop_many(at(9), 10)]
+    assert popped == ["py0", "sh1", "hook4", "hook5"]
+    assert limits.task_type_room("py") == limits.task_type_room("sh") == 0
+    limits.finished("A", "py")
+    assert [item.execution_id for item in queue.pop_many(at(9), 10)] == ["py2"]
+    limits.finished("A", "sh")
+    assert [item.execution_id for item in queue.pop_many(at(9), 10)] == ["sh3"]
+
+
+def test_a_task_type_moving_out_of_its_group_takes_what_it_has_in_flight_along() -> None:
+    """Its kind changed while two ran: the group's count drops by two at once, and the two
+    are given back once, to the type alone -- no slot of the group leaks or is freed twice."""
+    limits = ConcurrencyLimits()
+    limits.set_group_cap("blocking", 2)
+    limits.set_task_type_group("py", "blocking")
+    limits.set_task_type_group("sh", "blocking")
+    limits.started("A", "py")
+    limits.started("A", "py")
+    assert not limits.task_type_has_room("sh")
+    limits.set_task_type_group("py", None)
+    assert limits.task_type_room("sh") == 2
+    limits.finished("A", "py")
+    limits.finished("A", "py")
+    assert limits.task_type_room("sh") == 2
+    limits.set_task_type_group("py", "blocking")
+    limits.started("A", "sh")
+    limits.started("A", "py")
+    assert not limits.task_type_has_room("py")
+
+
 def test_a_tenant_at_its_quota_is_skipped_then_served_as_soon_as_it_has_room() -> None:
     queue: FairQueue[Item] = FairQueue(limits=ConcurrencyLimits(tenant_quotas={"A": 1}))
     for tenant in "ABC":
