@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import http.server
+import shutil
 import ssl
+import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -121,3 +124,19 @@ def sink() -> Iterator[Sink]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for ``sink.test`` (and its key), made with ``openssl``."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs openssl")
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=sink.test",
+         "-addext", "subjectAltName=DNS:sink.test"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key

@@ -6,9 +6,7 @@ a real one (hypercorn over TLS, ALPN h2)."""
 from __future__ import annotations
 
 import logging
-import shutil
 import ssl
-import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
@@ -892,22 +890,6 @@ async def test_start_fails_as_connect_failed_when_the_receiver_does_not_speak_ht
 
 
 # --- a real receiver: hypercorn over TLS -------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A self-signed certificate for ``sink.test`` (and its key)."""
-    if shutil.which("openssl") is None:
-        pytest.skip("needs openssl")
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=sink.test",
-         "-addext", "subjectAltName=DNS:sink.test"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return cert, key
 
 
 async def asgi_echo(scope: dict[str, Any], receive: Any, send: Any) -> None:

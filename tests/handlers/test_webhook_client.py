@@ -4,10 +4,8 @@ on 127.0.0.1 (benchmarks/webhook_receiver.py): keep-alive, limits, faults, DNS, 
 from __future__ import annotations
 
 import logging
-import shutil
 import socket
 import ssl
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 from functools import partial
 from ipaddress import ip_network
@@ -425,22 +423,6 @@ def test_the_default_client_is_per_run_and_closed_with_it(
 
 
 # --- TLS -----------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A self-signed certificate for ``sink.test`` (and its key)."""
-    if shutil.which("openssl") is None:
-        pytest.skip("needs openssl")
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=sink.test",
-         "-addext", "subjectAltName=DNS:sink.test"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return cert, key
 
 
 @pytest.fixture(scope="module")

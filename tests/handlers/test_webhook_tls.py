@@ -6,7 +6,6 @@ from __future__ import annotations
 import shutil
 import socket
 import ssl
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,20 +17,6 @@ from engine.handlers.webhook import WebhookHandler
 from tests.handlers.conftest import Sink, make_clock, make_context
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A self-signed certificate for ``sink.test`` (and its key)."""
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=sink.test",
-         "-addext", "subjectAltName=DNS:sink.test"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return cert, key
 
 
 @pytest.fixture
