@@ -3,6 +3,7 @@ on 127.0.0.1 (benchmarks/webhook_receiver.py): keep-alive, limits, faults, DNS, 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import ssl
@@ -542,3 +543,87 @@ async def test_deliveries_to_an_http2_receiver_share_its_connections(
     assert statistics.connections_opened <= 12
     assert statistics.requests == 450
     assert statistics.resent == 0
+
+
+async def test_streams_an_http2_receiver_refused_with_goaway_are_sent_again_elsewhere(
+    certificate: tuple[Path, Path], answers: list[Answers]
+) -> None:
+    """The first connection's receiver takes three requests at once, answers the first, says
+    GOAWAY with it as its last stream and closes: the two others were provably not
+    processed, and the client sends them once more, on a new connection, where they are
+    answered. Every delivery is answered once; two were sent twice."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    answers.append(Answers("127.0.0.1"))
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(str(certificate[0]), str(certificate[1]))
+    server_context.set_alpn_protocols(["h2"])
+    client_context = ssl.create_default_context(cafile=str(certificate[0]))
+    client_context.verify_flags &= ~getattr(ssl, "VERIFY_X509_STRICT", 0)
+    client_context.set_alpn_protocols(["h2", "http/1.1"])
+    connections: list[list[int]] = []  # the stream ids each connection received
+
+    async def serve(stream: trio.SSLStream[trio.SocketStream]) -> None:
+        received: list[int] = []
+        connections.append(received)
+        first = len(connections) == 1
+        peer = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        peer.initiate_connection()
+        await stream.send_all(peer.data_to_send())
+        bodies: dict[int, bytes] = {}
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            while True:
+                data = await stream.receive_some(65536)
+                if not data:
+                    return
+                for event in peer.receive_data(data):
+                    if isinstance(event, h2.events.DataReceived):
+                        bodies[event.stream_id] = bodies.get(event.stream_id, b"") + event.data
+                        peer.acknowledge_received_data(len(event.data), event.stream_id)
+                    elif isinstance(event, h2.events.StreamEnded):
+                        received.append(event.stream_id)
+                        if not first:
+                            answer(peer, event.stream_id, bodies[event.stream_id])
+                if first and len(received) == 3:
+                    answer(peer, received[0], bodies[received[0]])
+                    peer.close_connection(last_stream_id=received[0])
+                    await stream.send_all(peer.data_to_send())
+                    await stream.aclose()
+                    return
+                await stream.send_all(peer.data_to_send())
+
+    def answer(peer: Any, stream_id: int, body: bytes) -> None:
+        peer.send_headers(stream_id, [(":status", "200")])
+        peer.send_data(stream_id, b"got " + body, end_stream=True)
+
+    results: dict[int, bytes] = {}
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery, open_webhook_client() as client:
+            listeners = await nursery.start(
+                partial(trio.serve_ssl_over_tcp, serve, 0, server_context, host="127.0.0.1")
+            )
+            port = listeners[0].transport_listener.socket.getsockname()[1]
+
+            async def deliver(index: int) -> None:
+                response = await client.post(
+                    scheme="https", host="sink.test", port=port, target=b"/hook",
+                    headers=[("Host", "sink.test")], body=b"%d" % index,
+                    allow=(ip_network("127.0.0.0/8"),), body_max_bytes=1024,
+                    ssl_context=client_context,
+                )  # fmt: skip
+                results[index] = response.body
+
+            # The first delivery opens the connection; the others wait for it (protocol not
+            # known yet), then share it: three streams on the first connection.
+            async with trio.open_nursery() as deliveries:
+                for index in range(3):
+                    deliveries.start_soon(deliver, index)
+            statistics = client.statistics()
+            nursery.cancel_scope.cancel()
+    assert results == {index: b"got %d" % index for index in range(3)}
+    assert [len(received) for received in connections] == [3, 2]
+    assert statistics.resent == 2
+    assert statistics.requests == 5
+    assert statistics.http2_connections_opened == statistics.connections_opened == 2
