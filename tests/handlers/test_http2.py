@@ -208,27 +208,37 @@ class Wire:
     """Set when the connection's ``run()`` returned."""
 
 
+async def started(
+    nursery: trio.Nursery, handler: Handler, settings: Settings | None = None, **options: Any
+) -> tuple[H2Connection, Peer]:
+    """A started connection to a scripted receiver that runs in ``nursery``; the
+    connection's own ``run()`` is the caller's to start."""
+    client_end, server_end = trio.testing.memory_stream_pair()
+    peer = Peer(server_end, handler, settings)
+    connection = H2Connection(client_end, **options)
+    peer.h2.initiate_connection()
+    await peer.flush()
+    nursery.start_soon(peer.run)
+    await connection.start()
+    return connection, peer
+
+
 @asynccontextmanager
 async def connected(
     handler: Handler = echo, settings: Settings | None = None, **options: Any
 ) -> AsyncIterator[Wire]:
     """A started connection to a scripted receiver, its ``run()`` going; closed at the end."""
-    client_end, server_end = trio.testing.memory_stream_pair()
-    peer = Peer(server_end, handler, settings)
-    connection = H2Connection(client_end, **options)
     ended = trio.Event()
-
-    async def run() -> None:
-        await connection.run()
-        ended.set()
 
     # On the autojump clock, a test that hangs fails at once rather than never ending.
     with trio.fail_after(600):
         async with trio.open_nursery() as nursery:
-            peer.h2.initiate_connection()
-            await peer.flush()
-            nursery.start_soon(peer.run)
-            await connection.start()
+            connection, peer = await started(nursery, handler, settings, **options)
+
+            async def run() -> None:
+                await connection.run()
+                ended.set()
+
             nursery.start_soon(run)
             try:
                 yield Wire(connection, peer, ended)
@@ -776,14 +786,8 @@ async def test_close_fails_open_requests_says_goaway_and_ends_run(
 async def test_cancelling_run_fails_open_requests_and_closes_the_transport(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    client_end, server_end = trio.testing.memory_stream_pair()
-    peer = Peer(server_end, hang, None)
-    connection = H2Connection(client_end)
     async with trio.open_nursery() as nursery:
-        peer.h2.initiate_connection()
-        await peer.flush()
-        nursery.start_soon(peer.run)
-        await connection.start()
+        connection, peer = await started(nursery, hang)
         run_scope = trio.CancelScope()
 
         async def run() -> None:
@@ -803,14 +807,8 @@ async def test_cancelling_run_fails_open_requests_and_closes_the_transport(
 async def test_run_as_a_system_task_survives_a_broken_receiver(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    client_end, server_end = trio.testing.memory_stream_pair()
-    peer = Peer(server_end, hang, None)
-    connection = H2Connection(client_end)
     async with trio.open_nursery() as nursery:
-        peer.h2.initiate_connection()
-        await peer.flush()
-        nursery.start_soon(peer.run)
-        await connection.start()
+        connection, peer = await started(nursery, hang)
         trio.lowlevel.spawn_system_task(connection.run)
         await peer.send_raw(b"\xff" * 64)
         await peer.until(lambda: peer.eof)
