@@ -1,4 +1,4 @@
-"""The layering rules of STYLE.md, enforced on the source tree."""
+"""The layering rules of docs/architecture.md ("Layering"), enforced on the source tree."""
 
 from __future__ import annotations
 

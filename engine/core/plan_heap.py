@@ -3,8 +3,9 @@
 At the top of an hour most schedules of a partition share one ``next_run_at``. With one heap
 entry per schedule, popping 200,000 of them costs about 0.6 s of CPU; with one entry per
 *distinct instant* holding the ids due then, the same burst pops in a few milliseconds
-(ARCHITECTURE.md §4). Moving or removing a schedule is O(1): its id leaves its bucket, and a
-bucket left empty is discarded lazily when it reaches the top.
+(``docs/architecture.md``, "The flow of one fire"). Moving or removing a schedule is
+O(1): its id leaves its bucket, and a bucket left empty is discarded lazily when it
+reaches the top.
 
 Invariants: each schedule id is in at most one bucket; ``len()`` counts schedules, not
 buckets; ids come out of a bucket in the order they were pushed (deterministic).

@@ -4,14 +4,15 @@ asyncpg only speaks asyncio, the engine only speaks trio. The bridge is the sing
 between them: a daemon thread runs a uvloop event loop, and ``await bridge.call(fn, *args)``
 runs ``fn(*args)`` as a task on that loop while the calling trio task sleeps.
 
-Why this design: it was measured against the alternatives (ARCHITECTURE.md §7). Parking the
-trio task in :func:`trio.lowlevel.wait_task_rescheduled` and waking it with one
+Why this design: it was measured against the alternatives (``docs/ledger.md``, "The bridge
+and the driver, measured"). Parking the trio task in
+:func:`trio.lowlevel.wait_task_rescheduled` and waking it with one
 ``TrioToken.run_sync_soon(reschedule, ...)`` costs about 250 µs per ``SELECT 1`` round trip,
 roughly three times the price of staying inside asyncio; ``run_coroutine_threadsafe`` plus a
-``trio.Event`` is ~10 % slower, a worker thread blocked on ``future.result()`` is ~60 % slower
-and cannot be cancelled, and trio-asyncio is twice as slow. The fixed cost per hop is why the
-data layer makes **one call per unit of work** (a whole transaction in one coroutine), never
-one call per statement.
+``trio.Event`` is ~10 % slower, a worker thread blocked on ``future.result()`` is ~60 %
+slower and cannot be cancelled, and trio-asyncio is twice as slow. The fixed cost per hop is
+why the data layer makes **one call per unit of work** (a whole transaction in one
+coroutine), never one call per statement.
 
 One call, step by step::
 

@@ -4,7 +4,7 @@ Everything here runs on the bridge's event loop (asyncio). Invariants:
 
 * A connection carries no session state beyond its startup parameters (statement timeout,
   application name) and its type codecs, so the pool may skip asyncpg's per-release reset
-  query (ARCHITECTURE.md §7: it halves the cost of a pooled call). asyncpg still rolls back
+  query (``docs/ledger.md``: it halves the cost of a pooled call). asyncpg still rolls back
   a transaction left open by a cancelled coroutine before the connection is reused.
   LISTEN and session advisory locks therefore never happen on pooled connections: the change
   listener and ``carillon migrate`` use connections of their own.

@@ -5,7 +5,7 @@ Conventions kept by every statement here:
 * **Expiry is judged by the server**: leases, attempt leases and heartbeats compare with
   ``now()`` (the transaction's start on the server's clock), never with a node's clock.
 * **Batches travel as arrays**: a write of n rows is one statement over ``unnest($k::type[],
-  ...)``, not n statements (ARCHITECTURE.md §7: 55-75k rows/s instead of a few thousand).
+  ...)``, not n statements (``docs/ledger.md``: 55-75k rows/s instead of a few thousand).
 * **Partition ids come from Python** (:func:`engine.core.hashing.partition_of`); no statement
   recomputes the hash.
 * **Row locks are taken in ascending key order** (``ORDER BY ... FOR <mode>`` puts the
