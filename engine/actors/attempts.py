@@ -32,7 +32,7 @@ from typing import Final
 
 import trio
 
-from engine.core.admission import AttemptTicket, HandoffSizer, claim_size
+from engine.core.admission import AttemptTicket, HandoffSizer, claim_size, claim_threshold
 from engine.ledger.base import Completion
 from engine.model import Execution
 
@@ -105,6 +105,8 @@ class Room:
         """Every attempt not closed yet: what a teardown closes, what renewals look at."""
         self.on_room: Callable[[], None] = lambda: None
         """Called when a slot given back leaves a claim's worth free (the dispatcher's nudge)."""
+        self._threshold = claim_threshold(sizer.capacity, batch_max)
+        """In flight at most this: a claim's worth is free (renewed with the capacity)."""
         # The attempts' release functions, bound once: holding a resource allocates nothing.
         self._leave_open = self.open.discard
         self._free_slot = self._slot_freed
@@ -113,6 +115,13 @@ class Room:
         return claim_size(
             capacity=self.sizer.capacity, in_flight=self.in_flight, batch_max=self.batch_max
         )
+
+    def observe(self, duration_s: float, timeout_s: float) -> None:
+        """A handler ran ``duration_s`` (see :meth:`HandoffSizer.observe`): the capacity
+        may change, and with it the threshold each slot given back compares with."""
+        sizer = self.sizer
+        sizer.observe(duration_s, timeout_s)
+        self._threshold = claim_threshold(sizer.capacity, self.batch_max)
 
     def admit(self, execution: Execution) -> Attempt:
         """A new attempt for ``execution``, holding a slot and its place among the open."""
@@ -124,8 +133,8 @@ class Room:
         return attempt
 
     def _slot_freed(self, _: Attempt) -> None:
-        self.in_flight -= 1
-        if self.claim_size() > 0:
+        in_flight = self.in_flight = self.in_flight - 1
+        if in_flight <= self._threshold or in_flight == 0:  # claim_size() > 0, cheaply
             self.on_room()
 
     def close_all(self) -> None:

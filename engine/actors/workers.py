@@ -57,7 +57,7 @@ from engine.actors.clock_monitor import ClockMonitor
 from engine.actors.partitions import PartitionTable
 from engine.actors.retry import call_fenced, retry_unavailable
 from engine.actors.schedule_cache import UNCACHED, ScheduleCache
-from engine.actors.task_kinds import BLOCKING_KINDS, TaskKind, TaskKinds
+from engine.actors.task_kinds import BLOCKING_KINDS, TaskKinds
 from engine.clock import Clock
 from engine.config import BLOCKING_WORKERS_DEFAULT, WORKERS_DEFAULT
 from engine.core.retry_policy import Decision, RetryPolicy, decide
@@ -262,46 +262,59 @@ class WorkerPool:
                 # Deleted while it ran: the attempt still gets its context.
                 payload={} if schedule is None else schedule.payload,
             )
-            if kind.task_type.kind in BLOCKING_KINDS:
-                async with self._blocking:
-                    started = await self._start(attempt, kind, context)
-            else:
-                started = await self._start(attempt, kind, context)
-            if started is None:
-                return False  # never started, or abandoned while it ran
-            run_started, result = started
-            timeout_s = kind.task_type.timeout_s
+            # One coroutine from here to the handler's result: each await level is a frame
+            # per attempt, tens of thousands a second in a burst.
+            blocking = kind.task_type.kind in BLOCKING_KINDS
+            if blocking:
+                await self._blocking.acquire()
+            try:
+                if attempt.abandoned:
+                    return False  # taken away while it waited
+                run_started = self._clock.monotonic()
+                why_not = self._why_not_start(attempt, run_started)
+                if why_not is not None:
+                    self._abandon(attempt, why_not)
+                    return False
+                timeout_s = kind.task_type.timeout_s
+                self._metrics.execution_started(
+                    execution, (self._monitor.now() - execution.planned_at).total_seconds()
+                )
+                # One scope for both ends of a run: the deadline (the handler hangs) and an
+                # abandonment (the attempt was taken away; see _abandon).
+                deadline = trio.current_time() + timeout_s + TIMEOUT_GRACE_S
+                ran: HandlerResult | None = None
+                self._busy += 1
+                try:
+                    with trio.CancelScope(deadline=deadline) as attempt.scope:
+                        ran = await kind.handler.run(context)
+                except BaseException as error:  # the wall: see the module docstring
+                    if is_cancellation(error):
+                        raise
+                    ran = self._crashed(attempt, error)
+                finally:
+                    self._busy -= 1
+                    attempt.scope = None
+            finally:
+                if blocking:
+                    self._blocking.release()
+            if ran is not None and not isinstance(ran, HandlerResult):
+                ran = self._crashed(attempt, TypeError(f"the handler returned {ran!r}"))
+            elif attempt.abandoned:
+                return False  # abandoned while it ran: the attempt that replaced it counts
+            elif ran is None:  # the deadline: the handler ignored its own timeout
+                ran = HandlerResult.transient(
+                    "timeout", f"the handler did not return within {timeout_s:g} s"
+                )
+            result = ran
         except CarillonError as exc:
             log.error("execution %s cannot run: %s", execution.execution_id, exc)
             result = HandlerResult.unknown("setup_error", str(exc))
         ran_s = 0.0
         if run_started is not None:
             ran_s = self._clock.monotonic() - run_started
-            self._room.sizer.observe(ran_s, timeout_s)
+            self._room.observe(ran_s, timeout_s)
         attempt.completion = self._complete(attempt, result, policy, ran_s)
         return True
-
-    async def _start(
-        self, attempt: Attempt, kind: TaskKind, context: ExecutionContext
-    ) -> tuple[float, HandlerResult] | None:
-        """Start the handler if the attempt may start now: when it started and its result;
-        ``None`` when it must not start, or was abandoned while it ran."""
-        if attempt.abandoned:
-            return None  # taken away while it waited
-        run_started = self._clock.monotonic()
-        why_not = self._why_not_start(attempt, run_started)
-        if why_not is not None:
-            self._abandon(attempt, why_not)
-            return None
-        execution = attempt.execution
-        delay = self._monitor.now() - execution.planned_at
-        self._metrics.execution_started(execution, delay.total_seconds())
-        self._busy += 1
-        try:
-            result = await self._run_handler(attempt, kind, context, kind.task_type.timeout_s)
-        finally:
-            self._busy -= 1
-        return None if result is None else (run_started, result)
 
     def _why_not_start(self, attempt: Attempt, now: float) -> str | None:
         """Why ``attempt``'s handler must not start now, or ``None``."""
@@ -313,33 +326,6 @@ class WorkerPool:
         if now - attempt.renewed_at >= attempt.lease_s * ATTEMPT_START_WITHIN:
             return "its attempt lease may have run out before it could start"
         return None
-
-    async def _run_handler(
-        self, attempt: Attempt, kind: TaskKind, context: ExecutionContext, timeout_s: float
-    ) -> HandlerResult | None:
-        """The handler's result; ``None`` when the attempt was abandoned while it ran."""
-        # One scope for both ends of a run: the deadline (the handler hangs) and an
-        # abandonment (the attempt was taken away; see _abandon).
-        deadline = trio.current_time() + timeout_s + TIMEOUT_GRACE_S
-        result: HandlerResult | None = None
-        try:
-            with trio.CancelScope(deadline=deadline) as attempt.scope:
-                result = await kind.handler.run(context)
-        except BaseException as error:  # the wall: see the module docstring
-            if is_cancellation(error):
-                raise
-            return self._crashed(attempt, error)
-        finally:
-            attempt.scope = None
-        if result is not None and not isinstance(result, HandlerResult):
-            return self._crashed(attempt, TypeError(f"the handler returned {result!r}"))
-        if attempt.abandoned:
-            return None
-        if result is None:  # the deadline: the handler ignored its own timeout
-            return HandlerResult.transient(
-                "timeout", f"the handler did not return within {timeout_s:g} s"
-            )
-        return result
 
     def _crashed(self, attempt: Attempt, error: BaseException) -> HandlerResult:
         self._counts["crashed"] += 1

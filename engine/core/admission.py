@@ -6,10 +6,11 @@ free of trio, clocks and the ledger so they can be tested exhaustively.
 * :class:`HandoffSizer` -- how many claimed attempts the pipeline holds at most (one per
   worker plus a hand-off of claimed ones waiting for a worker, about ``handoff_wait_s`` of
   work judged by a moving average of handler durations).
-* :func:`claim_size` -- how many executions to pop for the next claim *now*. It is asked
-  afresh at every release, against the capacity of that moment, so no threshold computed
-  earlier can keep the pipeline waiting (the stall this replaced: a threshold computed
-  once, above what a later, smaller capacity could ever free).
+* :func:`claim_size` -- how many executions to pop for the next claim *now*, against the
+  capacity of that moment; :func:`claim_threshold` says at every release whether a claim's
+  worth is free, and is worked out again whenever the capacity changes, so no threshold
+  computed earlier can keep the pipeline waiting (the stall this replaced: a threshold
+  computed once, above what a later, smaller capacity could ever free).
 * :class:`AttemptTicket` -- owns every per-attempt resource (concurrency slots, the overlap
   slot, the in-flight count, the pipeline slot) and releases each exactly once, whatever
   happens: stages release what they are done with, and whoever holds the ticket last
@@ -92,10 +93,18 @@ def claim_size(*, capacity: int, in_flight: int, batch_max: int) -> int:
     free = capacity - in_flight
     if free <= 0 or batch_max <= 0:
         return 0
-    worth = min(batch_max, max(1, capacity // CLAIM_ROUND_TRIP_SHARE))
-    if free >= worth or in_flight == 0:
+    if in_flight <= claim_threshold(capacity, batch_max) or in_flight == 0:
         return min(free, batch_max)
     return 0
+
+
+def claim_threshold(capacity: int, batch_max: int) -> int:
+    """The most attempts in flight at which a claim goes out (a round trip's worth free):
+    ``claim_size(...) > 0`` exactly when ``in_flight`` is at most this, or nothing is in
+    flight at all (and ``capacity`` and ``batch_max`` are positive). A slot given back
+    compares with it instead of sizing a claim: the capacity only changes when a duration is
+    observed, and the threshold is worked out again then."""
+    return capacity - min(batch_max, max(1, capacity // CLAIM_ROUND_TRIP_SHARE))
 
 
 class TicketReleaseError(RuntimeError):

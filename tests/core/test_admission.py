@@ -15,6 +15,7 @@ from engine.core.admission import (
     HandoffSizer,
     TicketReleaseError,
     claim_size,
+    claim_threshold,
 )
 
 capacities = st.integers(min_value=0, max_value=5_000)
@@ -33,6 +34,18 @@ def test_admission_never_exceeds_the_room_nor_a_batch(
     size = claim_size(capacity=capacity, in_flight=in_flight, batch_max=batch_max)
     assert 0 <= size <= max(capacity - in_flight, 0)
     assert size <= batch_max
+
+
+@given(
+    capacity=capacities.filter(lambda c: c >= 1), in_flight=st.integers(0, 6_000), batch_max=batches
+)
+def test_the_threshold_says_exactly_when_a_claim_would_go_out(
+    capacity: int, in_flight: int, batch_max: int
+) -> None:
+    """What a slot given back compares with instead of sizing a claim."""
+    threshold = claim_threshold(capacity, batch_max)
+    would_claim = claim_size(capacity=capacity, in_flight=in_flight, batch_max=batch_max) > 0
+    assert would_claim == (in_flight <= threshold or in_flight == 0)
 
 
 @given(capacity=capacities.filter(lambda c: c >= 4), batch_max=batches)
