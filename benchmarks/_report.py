@@ -212,8 +212,30 @@ TARGETS: Final = (
         "Peer: >= 10x the peer's executions/s on the same burst",
         "bench_peer", "rate_ratio", 10.0, ">=", unit="x", digits=1,
     ),
+    Target(
+        "Webhooks: >= 3,000 deliveries/s (one node, receiver latency 50 ms, default settings)",
+        "bench_webhooks", "deliveries_per_s@1n50ms", 3_000.0, ">=", unit="/s",
+        requires=(("webhooks", 20_000),),
+    ),
+    Target(
+        "Webhooks: a 20,000 burst fully delivered within 10 s of its instant (one node, 50 ms)",
+        "bench_webhooks", "all_delivered_s@1n50ms", 10.0, "<=", unit=" s", digits=2,
+        requires=(("webhooks", 20_000),),
+    ),
+    Target(
+        "Webhooks: >= 30% of the receiver's plain keep-alive ceiling measured in the same run "
+        "(one node, 50 ms)",
+        "bench_webhooks", "ratio@1n50ms", 0.3, ">=", unit="%",
+        requires=(("webhooks", 20_000),),
+    ),
+    Target(
+        "Webhooks: zero duplicates at the receiver and in the ledger (every variant and run)",
+        "bench_webhooks", "duplicates", 0.0, "<=", every_run=True,
+        requires=(("webhooks", 20_000),),
+    ),
 )  # fmt: skip
-"""The targets of issue #8, in the words the Targets section shows."""
+"""The targets of issues #8 (burst, scale, failover, peer) and #25 (webhooks), in the words
+the Targets section shows."""
 
 
 def _meets(value: float | None, target: Target, limit: float) -> bool:
@@ -255,7 +277,7 @@ def target_cells(target: Target, results: Mapping[str, Mapping[str, Any]]) -> li
 def targets_section(results: Mapping[str, Mapping[str, Any]]) -> str:
     """The "Targets" section: one row per target of ``TARGETS``."""
     lines = [
-        "## Targets (issue #8)",
+        "## Targets",
         "",
         "Rebuilt by every full benchmark run from `docs/bench-results/*.json` (each the "
         "headline figures of that benchmark's latest full run). A target is met when the "
