@@ -11,9 +11,18 @@ tenant's schedules, executions and dead letters, and gets 404 for anything else,
 if it did not exist, so a tenant cannot probe another's ids.
 
 Bounds: lookups are cached for :data:`TOKEN_CACHE_TTL_S` (a revoked token stops working
-within that), at most :data:`TOKEN_CACHE_ENTRIES` entries; each token has its own request
-rate (:class:`~engine.core.token_bucket.TokenBucket`), and so does each client address that
-presents no valid token, so forged tokens cannot hammer the database.
+within that); each token has its own request rate
+(:class:`~engine.core.token_bucket.TokenBucket`), and so does each client address that
+presents no valid token. Forged tokens cannot hammer the database nor push valid tokens out:
+
+* A token this node has not seen valid is looked up only after its client address's bucket
+  gave a request (429 otherwise, with no lookup): a flood of distinct well-formed tokens
+  from one address costs at most that bucket's burst, then its rate, in queries. A token
+  seen valid (even if its cache entry has expired) is looked up again without it, so a
+  flood from an address it shares (a proxy, a NAT) does not lock it out.
+* Valid tokens (:data:`TOKEN_CACHE_ENTRIES`) and unknown or revoked ones
+  (:data:`TOKEN_MISSES_CACHED`) are cached apart, each least recently used first out: no
+  number of misses evicts a valid token.
 """
 
 from __future__ import annotations
@@ -38,6 +47,9 @@ TOKEN_SECRET_BYTES: Final = 24
 TOKEN_LENGTH_MAX: Final = 256
 TOKEN_CACHE_TTL_S: Final = 5.0
 TOKEN_CACHE_ENTRIES: Final = 10_000
+"""Valid tokens whose lookups are kept (each about 300 bytes)."""
+TOKEN_MISSES_CACHED: Final = 10_000
+"""Unknown or revoked token hashes whose lookups are kept, apart from the valid ones."""
 RATE_BUCKETS_MAX: Final = 10_000
 ADMIN_SCOPE: Final = "admin"
 TENANT_SCOPE_PREFIX: Final = "tenant:"
@@ -136,21 +148,33 @@ class Authenticator:
     ) -> None:
         self._ledger = ledger
         self._monotonic = monotonic
-        self._cache: OrderedDict[bytes, tuple[float, ApiToken | None]] = OrderedDict()
+        self._valid = _Lookups(TOKEN_CACHE_ENTRIES)
+        """Hashes of tokens found valid, with their record (kept after expiry: seen valid)."""
+        self._misses = _Lookups(TOKEN_MISSES_CACHED)
+        """Hashes found unknown or revoked, with their record (``None``: unknown)."""
         self.token_rates = RateLimiter(token_rate_per_s, token_burst, monotonic)
         self.anonymous_rates = RateLimiter(anonymous_rate_per_s, anonymous_burst, monotonic)
+        self.lookups = 0
+        """Token lookups sent to the ledger (cache misses)."""
 
     async def authenticate(self, authorization: str | None, client: str) -> Principal:
-        """The caller, rate-limited; 401 for a missing, malformed, unknown or revoked token."""
+        """The caller, rate-limited; 401 for a missing, malformed, unknown or revoked token;
+        429 when ``client`` sent too many requests without a valid token."""
+        charged = False
         try:
-            token = _bearer(authorization)
-            found = await self._lookup(hash_token(token))
+            token_hash = hash_token(_bearer(authorization))
+            found, fresh = self._cached(token_hash)
+            if not fresh:
+                if found is None:  # never seen valid: the address pays before the database
+                    self.anonymous_rates.check(client)
+                    charged = True
+                found = await self._lookup(token_hash)
             if found is None:
                 raise unauthorized("the token is not valid")
             if found.revoked_at is not None:
                 raise unauthorized("the token was revoked")
         except Problem as problem:
-            if problem.status == 401:
+            if problem.status == 401 and not charged:
                 self.anonymous_rates.check(client)
             raise
         self.token_rates.check(found.token_id)
@@ -158,22 +182,65 @@ class Authenticator:
 
     def forget(self) -> None:
         """Drop cached lookups (after this node revoked a token, say)."""
-        self._cache.clear()
+        self._valid.clear()
+        self._misses.clear()
+
+    def _cached(self, token_hash: bytes) -> tuple[ApiToken | None, bool]:
+        """What is known of ``token_hash``: its record (``None``: not known valid) and whether
+        that is fresh enough to answer without a lookup."""
+        now = self._monotonic()
+        valid = self._valid.get(token_hash)
+        if valid is not None:
+            return valid[1], valid[0] > now
+        missed = self._misses.get(token_hash)
+        if missed is not None and missed[0] > now:
+            return missed[1], True
+        return None, False
 
     async def _lookup(self, token_hash: bytes) -> ApiToken | None:
-        now = self._monotonic()
-        cached = self._cache.get(token_hash)
-        if cached is not None and cached[0] > now:
-            return cached[1]
+        self.lookups += 1
         try:
             token: ApiToken | None = await self._ledger.tokens_get_by_hash(token_hash)
         except NotFound:
             token = None
-        self._cache[token_hash] = (now + TOKEN_CACHE_TTL_S, token)
-        self._cache.move_to_end(token_hash)
-        if len(self._cache) > TOKEN_CACHE_ENTRIES:
-            self._cache.popitem(last=False)
+        expires = self._monotonic() + TOKEN_CACHE_TTL_S
+        if token is not None and token.revoked_at is None:
+            self._misses.pop(token_hash)
+            self._valid.put(token_hash, (expires, token))
+        else:  # unknown, or revoked: never seen valid from here on
+            self._valid.pop(token_hash)
+            self._misses.put(token_hash, (expires, token))
         return token
+
+
+class _Lookups:
+    """Token lookups by hash, at most ``entries``, the least recently used forgotten first."""
+
+    def __init__(self, entries: int) -> None:
+        self._entries = entries
+        self._by_hash: OrderedDict[bytes, tuple[float, ApiToken | None]] = OrderedDict()
+
+    def get(self, token_hash: bytes) -> tuple[float, ApiToken | None] | None:
+        """``(expires at, record)``, or ``None`` if not kept."""
+        found = self._by_hash.get(token_hash)
+        if found is not None:
+            self._by_hash.move_to_end(token_hash)
+        return found
+
+    def put(self, token_hash: bytes, lookup: tuple[float, ApiToken | None]) -> None:
+        self._by_hash[token_hash] = lookup
+        self._by_hash.move_to_end(token_hash)
+        if len(self._by_hash) > self._entries:
+            self._by_hash.popitem(last=False)
+
+    def pop(self, token_hash: bytes) -> None:
+        self._by_hash.pop(token_hash, None)
+
+    def clear(self) -> None:
+        self._by_hash.clear()
+
+    def __len__(self) -> int:
+        return len(self._by_hash)
 
 
 def _bearer(authorization: str | None) -> str:

@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import random
 import re
+import string
+from typing import Any, cast
 
 import pytest
 
 from engine.api.app import endpoints
-from engine.api.auth import TOKEN_CACHE_TTL_S, TOKEN_LENGTH_MAX
+from engine.api.auth import (
+    ADMIN_SCOPE,
+    TOKEN_CACHE_TTL_S,
+    TOKEN_LENGTH_MAX,
+    TOKEN_MISSES_CACHED,
+    Authenticator,
+    new_token,
+)
 from engine.api.endpoint import Access, Endpoint
-from engine.ledger.base import TokensRevoke
+from engine.api.problems import Problem
+from engine.ledger.base import Ledger, TokensCreate, TokensRevoke
+from engine.model import ApiToken
 from engine.testing import ManualClock
 from tests.api.support import (
     START,
@@ -153,14 +165,104 @@ async def test_client_sending_bad_tokens_gets_429_before_reaching_the_ledger() -
     ledger = memory_ledger(clock)
     await prepare_ledger(ledger)
     async with serve(ledger, clock, "memory", anonymous_rate_per_s=1.0, anonymous_burst=2) as api:
+        # Seen valid once (its first lookup took one of the address's two requests), so a
+        # flood from the same address (a shared proxy) cannot lock it out.
+        assert (await api.client.get("/v1/schedules", headers=api.admin)).status_code == 200
         forged = bearer("crl_000000000000_forged")
-        for _ in range(2):
-            assert_problem(await api.client.get("/v1/schedules", headers=forged), 401)
+        assert_problem(await api.client.get("/v1/schedules", headers=forged), 401)
         response = await api.client.get("/v1/schedules", headers=forged)
         assert_problem(response, 429, "rate-limited")
         assert int(response.headers["retry-after"]) >= 1
-        # A valid token from the same address is not held back by that.
+        clock.advance(TOKEN_CACHE_TTL_S)  # the admin token's cached lookup has expired
+        for forged_again in ("crl_000000000001_forged", "crl_000000000002_forged"):
+            assert_problem(await api.client.get("/v1/schedules", headers=bearer(forged_again)), 401)
+        assert_problem(await api.client.get("/v1/schedules", headers=forged), 429)
+        # Looked up again although the address's bucket is empty.
         assert (await api.client.get("/v1/schedules", headers=api.admin)).status_code == 200
+        # A token this node has never seen valid waits for the address's bucket like any other.
+        assert_problem(await api.client.get("/v1/schedules", headers=api.tenant("acme")), 429)
+        clock.advance(1.0)
+        assert (
+            await api.client.get("/v1/schedules", headers=api.tenant("acme"))
+        ).status_code == 200
+
+
+class CountingLedger:
+    """The memory ledger, counting the token lookups that reach it."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self.token_lookups = 0
+
+    async def tokens_get_by_hash(self, token_hash: bytes) -> ApiToken:
+        self.token_lookups += 1
+        return await self._ledger.tokens_get_by_hash(token_hash)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ledger, name)
+
+
+def forged_token(rng: random.Random) -> str:
+    """A token of the real shape (``crl_<12 hex>_<32 url-safe>``) that no one issued."""
+    secret = "".join(rng.choices(string.ascii_letters + string.digits + "-_", k=32))
+    return f"Bearer crl_{rng.getrandbits(48):012x}_{secret}"
+
+
+async def test_a_flood_of_forged_tokens_from_one_address_costs_at_most_its_burst_in_lookups() -> (
+    None
+):
+    clock = ManualClock(START)
+    ledger = CountingLedger(memory_ledger(clock))
+    auth = Authenticator(
+        cast(Ledger, ledger),
+        clock.monotonic,
+        token_rate_per_s=50.0,
+        token_burst=100,
+        anonymous_rate_per_s=5.0,
+        anonymous_burst=20,
+    )
+    rng = random.Random(25)
+    statuses: list[int] = []
+    for _ in range(2_000):
+        try:
+            await auth.authenticate(forged_token(rng), "203.0.113.7")
+        except Problem as problem:
+            statuses.append(problem.status)
+    assert statuses[:20] == [401] * 20
+    assert set(statuses[20:]) == {429}
+    assert ledger.token_lookups == 20
+    # Time refills the bucket at its rate, and no faster.
+    clock.advance(2.0)
+    for _ in range(50):
+        with pytest.raises(Problem):
+            await auth.authenticate(forged_token(rng), "203.0.113.7")
+    assert ledger.token_lookups == 30
+
+
+async def test_misses_never_push_a_valid_token_out_of_the_cache() -> None:
+    clock = ManualClock(START)
+    inner = memory_ledger(clock)
+    ledger = CountingLedger(inner)
+    token_id, token, token_hash = new_token()
+    await inner.tokens_create(
+        TokensCreate(ApiToken(token_id=token_id, scope=ADMIN_SCOPE), token_hash, "test")
+    )
+    auth = Authenticator(
+        cast(Ledger, ledger),
+        clock.monotonic,
+        token_rate_per_s=1e6,
+        token_burst=10**6,
+        anonymous_rate_per_s=1.0,
+        anonymous_burst=1,
+    )
+    assert (await auth.authenticate(f"Bearer {token}", "198.51.100.1")).is_admin
+    rng = random.Random(7)
+    for client in range(TOKEN_MISSES_CACHED + 2_000):  # each from its own address
+        with pytest.raises(Problem):
+            await auth.authenticate(forged_token(rng), f"10.{client >> 16}.{client >> 8 & 255}.1")
+    lookups = ledger.token_lookups
+    assert (await auth.authenticate(f"Bearer {token}", "198.51.100.1")).is_admin
+    assert ledger.token_lookups == lookups  # answered from the cache
 
 
 async def test_metrics_are_404_when_the_process_serves_none(memory_api: Api) -> None:
