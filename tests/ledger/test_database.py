@@ -35,6 +35,7 @@ from engine.ledger.database import (
     url_with_database,
     validate_database_url,
 )
+from engine.ledger.postgres.migrate import quote_identifier
 
 
 def closed_port_url() -> str:
@@ -272,9 +273,46 @@ async def test_create_database_is_idempotent(database_url: str) -> None:
         await trio.to_thread.run_sync(asyncio.run, _drop(database_url, name))
 
 
+@pytest.mark.postgres
+@pytest.mark.parametrize("odd", ['it"s; DROP DATABASE postgres; --', "Ünïcode name", "a\\b"])
+async def test_create_database_takes_any_name_postgres_can_hold(
+    database_url: str, odd: str
+) -> None:
+    import secrets
+
+    from engine.ledger.postgres import create_database
+
+    name = f"carillon_{secrets.token_hex(2)} {odd}"
+    try:
+        assert await create_database(database_url, name) is True
+        assert await create_database(database_url, name) is False
+        assert name in await trio.to_thread.run_sync(asyncio.run, _names(database_url))
+    finally:
+        await trio.to_thread.run_sync(asyncio.run, _drop(database_url, name))
+
+
+@pytest.mark.parametrize("bad", ["", "x\x00y", "d" * 64, "é" * 32])
+def test_a_name_postgres_would_cut_or_refuse_is_a_config_error(bad: str) -> None:
+    with pytest.raises(ConfigError, match="cannot name a database"):
+        quote_identifier(bad)
+
+
+def test_identifiers_are_quoted_with_their_quotes_doubled() -> None:
+    assert quote_identifier('a"b') == '"a""b"'
+    assert quote_identifier("d" * 63) == '"' + "d" * 63 + '"'
+
+
+async def _names(url: str) -> list[str]:
+    connection = await asyncpg.connect(url)
+    try:
+        return [row[0] for row in await connection.fetch("SELECT datname FROM pg_database")]
+    finally:
+        await connection.close()
+
+
 async def _drop(url: str, name: str) -> None:
     connection = await asyncpg.connect(url)
     try:
-        await connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await connection.execute(f"DROP DATABASE IF EXISTS {quote_identifier(name)} WITH (FORCE)")
     finally:
         await connection.close()

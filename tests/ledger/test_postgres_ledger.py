@@ -197,6 +197,62 @@ async def test_a_lost_listen_connection_wakes_waiters_and_is_reopened(url: str) 
         assert await waiting.schedule_changes_wait(head + 1, timeout_s=0.1) is False
 
 
+class SwallowingProxy:
+    """A TCP proxy to the database that swallows the first client message containing
+    ``pattern``, and everything its connection sends after it (a half-open connection, as
+    far as the client can tell)."""
+
+    def __init__(self, target_port: int, pattern: bytes) -> None:
+        self._target_port = target_port
+        self._pattern = pattern
+        self.swallowed = 0
+        self.port = 0
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listener.socket.getsockname()[1]
+        task_status.started()
+        await trio.serve_listeners(self._handle, [listener])
+
+    async def _handle(self, client: trio.SocketStream) -> None:
+        server = await trio.open_tcp_stream("127.0.0.1", self._target_port)
+        async with client, server, trio.open_nursery() as nursery:
+            nursery.start_soon(self._pipe, client, server, True)
+            nursery.start_soon(self._pipe, server, client, False)
+
+    async def _pipe(self, source: trio.SocketStream, sink: trio.SocketStream, up: bool) -> None:
+        swallowing = False
+        while data := await source.receive_some(65536):
+            if up and not swallowing and self.swallowed == 0 and self._pattern in data:
+                swallowing = True
+                self.swallowed += 1
+            if not swallowing:
+                await sink.send_all(data)
+        await trio.sleep_forever()  # keep the other direction open
+
+
+async def test_a_listen_that_hangs_is_unavailable_and_the_next_wait_opens_a_new_one(
+    url: str,
+) -> None:
+    parts = urlsplit(url)
+    proxy = SwallowingProxy(parts.port or 5432, b"LISTEN")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.serve)
+        proxied = parts._replace(netloc=f"{parts.username}@127.0.0.1:{proxy.port}").geturl()
+        async with open_postgres_ledger(proxied, statement_timeout_s=0.3) as waiting:
+            head = await waiting.schedule_changes_head()
+            started = trio.current_time()
+            with trio.fail_after(20), pytest.raises(LedgerUnavailable):
+                await waiting.schedule_changes_wait(head, timeout_s=60)
+            assert proxy.swallowed == 1
+            assert trio.current_time() - started < 10  # the command timeout, not 60 s
+            async with open_postgres_ledger(url) as writing:
+                await writing.schedules_create(SchedulesCreate([schedule("after-hang")]))
+            with trio.fail_after(10):
+                assert await waiting.schedule_changes_wait(head, timeout_s=60) is True
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_watermark_reader_misses_no_change_while_writers_race(url: str) -> None:
     seen: list[int] = []
     writers_done = trio.Event()

@@ -323,7 +323,9 @@ async def open_postgres_ledger(
             bridge = await stack.enter_async_context(open_bridge())
         store = await bridge.call(_open_store, url, pool_max, statement_timeout_s)
         listener = ChangeListener(
-            functools.partial(connect, url),
+            # A command timeout like the pool's: a LISTEN that hangs (a half-open connection,
+            # a frozen server) fails as unavailable, and the next wait opens a new one.
+            functools.partial(connect, url, statement_timeout_s=statement_timeout_s),
             functools.partial(store.run, schedules.schedule_changes_head, None),
         )
         try:

@@ -235,14 +235,30 @@ async def create_database(
         return await opened.call(_create_database, server_url, name)
 
 
+IDENTIFIER_BYTES_MAX: Final = 63
+"""PostgreSQL's identifier length (NAMEDATALEN - 1); a longer name would be cut silently."""
+
+
+def quote_identifier(name: str) -> str:
+    """``name`` as a quoted SQL identifier (double quotes doubled), for statements that take
+    no parameters there (``CREATE DATABASE``); a name PostgreSQL would change or refuse is a
+    :class:`~engine.errors.ConfigError`."""
+    if not name or "\x00" in name or len(name.encode()) > IDENTIFIER_BYTES_MAX:
+        raise ConfigError(
+            f"{name!r} cannot name a database: 1 to {IDENTIFIER_BYTES_MAX} bytes, no NUL"
+        )
+    return '"' + name.replace('"', '""') + '"'
+
+
 async def _create_database(server_url: str, name: str) -> bool:
+    statement = f"CREATE DATABASE {quote_identifier(name)}"
     connection = await connect(server_url)
     try:
         with translate_errors(server_url):
             if await connection.fetchval(sql.DATABASE_EXISTS, name):
                 return False
             try:
-                await connection.execute(f'CREATE DATABASE "{name}"')
+                await connection.execute(statement)
             except asyncpg.DuplicateDatabaseError:
                 return False  # another process created it meanwhile
             return True
