@@ -154,8 +154,6 @@ class Authenticator:
         """Hashes found unknown or revoked, with their record (``None``: unknown)."""
         self.token_rates = RateLimiter(token_rate_per_s, token_burst, monotonic)
         self.anonymous_rates = RateLimiter(anonymous_rate_per_s, anonymous_burst, monotonic)
-        self.lookups = 0
-        """Token lookups sent to the ledger (cache misses)."""
 
     async def authenticate(self, authorization: str | None, client: str) -> Principal:
         """The caller, rate-limited; 401 for a missing, malformed, unknown or revoked token;
@@ -198,7 +196,6 @@ class Authenticator:
         return None, False
 
     async def _lookup(self, token_hash: bytes) -> ApiToken | None:
-        self.lookups += 1
         try:
             token: ApiToken | None = await self._ledger.tokens_get_by_hash(token_hash)
         except NotFound:
@@ -238,9 +235,6 @@ class _Lookups:
 
     def clear(self) -> None:
         self._by_hash.clear()
-
-    def __len__(self) -> int:
-        return len(self._by_hash)
 
 
 def _bearer(authorization: str | None) -> str:
