@@ -107,7 +107,9 @@ async def create_schedules(
         lead = timedelta(seconds=8 + n / 5_000 + n / BURST_PLAN_RATE_PER_S_DEFAULT + settle_s)
         burst_at = (now + lead).replace(microsecond=0)
         expr = f"{burst_at.second} {burst_at.minute} {burst_at.hour} * * *"
-        await ledger.task_types_put(TaskTypesPut(TaskType(name="noop", kind=HandlerKind.NOOP)))
+        await ledger.task_types_put(
+            TaskTypesPut(TaskType(name="noop", kind=HandlerKind.NOOP, allowed_tenants=("*",)))
+        )
         for tenant, weight in sorted((weights or {}).items()):
             await ledger.tenants_put(TenantsPut(Tenant(tenant_id=tenant, weight=weight)))
         ids = schedule_ids(n)

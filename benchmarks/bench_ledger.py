@@ -219,7 +219,9 @@ async def prepare(url: str, buckets: list[list[str]]) -> tuple[list[Fence], date
             for bucket in buckets
             for schedule_id in bucket
         ]
-        await ledger.task_types_put(TaskTypesPut(TaskType(name="noop", kind=HandlerKind.NOOP)))
+        await ledger.task_types_put(
+            TaskTypesPut(TaskType(name="noop", kind=HandlerKind.NOOP, allowed_tenants=("*",)))
+        )
         for n in range(0, len(schedules), CREATE_BATCH):
             await ledger.schedules_create(SchedulesCreate(schedules[n : n + CREATE_BATCH]))
         leases = await ledger.leases_acquire(

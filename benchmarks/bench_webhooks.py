@@ -148,7 +148,12 @@ async def create_webhooks(url: str, n: int, hook_url: str, base_lead_s: float) -
         expr = f"{burst_at.second} {burst_at.minute} {burst_at.hour} * * *"
         await ledger.task_types_put(
             TaskTypesPut(
-                TaskType(name=TASK_TYPE, kind=HandlerKind.WEBHOOK, settings={"url": hook_url})
+                TaskType(
+                    name=TASK_TYPE,
+                    kind=HandlerKind.WEBHOOK,
+                    settings={"url": hook_url},
+                    allowed_tenants=("*",),
+                )
             )
         )
         ids = schedule_ids(n)

@@ -99,6 +99,11 @@ class NotFound(LedgerError):
     """The addressed record does not exist."""
 
 
+class InUse(LedgerError):
+    """The record cannot be deleted or narrowed while others still refer to it (a task type
+    named by live schedules or unfinished runs). Nothing was written."""
+
+
 class QuotaExceeded(LedgerError):
     """A create would give ``tenant_id`` more live schedules than its ``quota``.
 

@@ -42,6 +42,12 @@ TENANT_SCHEDULES_MAX: Final = 10_000_000
 """Largest schedule quota a tenant may be given."""
 SETTINGS_BYTES_MAX: Final = 16 * 1024
 """Largest JSON-encoded handler settings a task type may carry."""
+ALLOWED_TENANTS_MAX: Final = 1000
+"""Most tenants a shared task type may be granted to by name."""
+DEFAULT_TENANT: Final = "default"
+"""The tenant of schedules created without one (by an admin token or the CLI)."""
+ALL_TENANTS: Final = "*"
+"""In a shared task type's ``allowed_tenants``: every tenant (webhook and noop kinds only)."""
 ACTOR_LENGTH_MAX: Final = 200
 """Longest actor an audit event may name (``cli:alice@build-host-7``)."""
 REASON_LENGTH_MAX: Final = 1000
@@ -121,6 +127,11 @@ class HandlerKind(enum.StrEnum):
     """Succeeds, optionally after ``delay_s``: for benchmarks and smoke tests."""
 
 
+GRANTED_BY_NAME_KINDS: Final = frozenset({HandlerKind.PYTHON, HandlerKind.SHELL})
+"""Kinds that run code on the nodes: a shared task type of these kinds names each tenant it
+is granted to, never :data:`ALL_TENANTS`."""
+
+
 class TaskType(msgspec.Struct, frozen=True, kw_only=True):
     """What running an execution of a schedule's ``task_type`` means, and its limits.
 
@@ -143,10 +154,26 @@ class TaskType(msgspec.Struct, frozen=True, kw_only=True):
     backoff_max_s: float = 60.0
     overlap: OverlapPolicy | None = None
     """The overlap policy of schedules of this type that do not choose one."""
+    tenant_id: str | None = None
+    """The tenant that owns this task type: only its schedules may name it. ``None``: a
+    shared task type, which the tenants in :attr:`allowed_tenants` may use."""
+    allowed_tenants: tuple[str, ...] | None = None
+    """The tenants whose schedules may name a shared task type, by id, sorted; ``"*"`` grants
+    it to every tenant (not for python and shell kinds, which are granted by name only).
+    Empty on a task type owned by a tenant. Not given (``None``): the default tenant only --
+    what a one-tenant installation needs, and nothing more (:func:`validate_task_type` stores
+    it as ``("default",)``)."""
     updated_at: datetime | None = None
     """Set by the ledger."""
     version: int = 1
     """Set by the ledger: 1 when created, incremented on every change."""
+
+    def usable_by(self, tenant_id: str) -> bool:
+        """Whether schedules of ``tenant_id`` may name this task type."""
+        if self.tenant_id is not None:
+            return tenant_id == self.tenant_id
+        allowed = (DEFAULT_TENANT,) if self.allowed_tenants is None else self.allowed_tenants
+        return tenant_id in allowed or ALL_TENANTS in allowed
 
 
 class Tenant(msgspec.Struct, frozen=True, kw_only=True):
@@ -423,10 +450,13 @@ def validate_task_type(task_type: TaskType) -> TaskType:
         raise InvalidField(
             f"{where}: backoff_max_s ({max_s:g}) must not be less than backoff_base_s ({base_s:g})"
         )
+    owner, allowed = _task_type_users(task_type, kind, where)
     return msgspec.structs.replace(
         task_type,
         kind=kind,
         overlap=overlap,
+        tenant_id=owner,
+        allowed_tenants=allowed,
         timeout_s=timeout_s,
         max_concurrency=_count_or_none(
             task_type.max_concurrency, CONCURRENCY_MAX, f"{where}: max_concurrency"
@@ -440,6 +470,46 @@ def validate_task_type(task_type: TaskType) -> TaskType:
         backoff_base_s=base_s,
         backoff_max_s=max_s,
     )
+
+
+def _task_type_users(
+    task_type: TaskType, kind: HandlerKind, where: str
+) -> tuple[str | None, tuple[str, ...]]:
+    """The checked owner and grants of ``task_type``: one owner, or a shared type's grants."""
+    owner = task_type.tenant_id
+    if owner is not None:
+        owner = validate_identifier(owner, kind=f"{where}: tenant_id")
+    grants = task_type.allowed_tenants
+    if grants is None:
+        grants = () if owner is not None else (DEFAULT_TENANT,)
+    if isinstance(grants, str) or not isinstance(grants, tuple | list):
+        raise InvalidField(f"{where}: allowed_tenants must be a list of tenant ids")
+    if len(grants) > ALLOWED_TENANTS_MAX:
+        raise InvalidField(
+            f"{where}: allowed_tenants names {len(grants)} tenants; at most "
+            f'{ALLOWED_TENANTS_MAX} (or "*" for every tenant)'
+        )
+    allowed = tuple(
+        sorted(
+            {
+                grant
+                if grant == ALL_TENANTS
+                else validate_identifier(grant, kind=f"{where}: allowed_tenants entry")
+                for grant in grants
+            }
+        )
+    )
+    if owner is not None and allowed:
+        raise InvalidField(
+            f"{where}: a task type owned by tenant {owner!r} is usable by that tenant only; "
+            "leave allowed_tenants empty, or make it shared (no tenant_id) and list the tenants"
+        )
+    if ALL_TENANTS in allowed and kind in GRANTED_BY_NAME_KINDS:
+        raise InvalidField(
+            f"{where}: a {kind} task type runs code on the nodes, so it is granted to tenants "
+            f'by name only, never to "{ALL_TENANTS}"'
+        )
+    return owner, allowed
 
 
 def validate_tenant(tenant: Tenant) -> Tenant:

@@ -35,7 +35,7 @@ from simulations.params import TaskSettings
 from simulations.proxy import Network
 from simulations.scenario import ScheduleChange
 from simulations.trace import Trace
-from simulations.workload import HOOK_TYPE, TASK_TYPE, SimSchedule
+from simulations.workload import HOOK_TYPE, TASK_TYPE, TENANTS, SimSchedule
 
 RETRY_S: Final = 1.0
 HANDLER: Final = "simulations.effects:deliver"
@@ -101,6 +101,7 @@ class ApiClient:
                     TaskType(
                         name=name,
                         kind=HandlerKind.PYTHON,
+                        allowed_tenants=TENANTS,
                         settings={"callable": HANDLER, "timeout_s": timeout_s},
                         timeout_s=timeout_s,
                         max_attempts=task.max_attempts,

@@ -95,11 +95,18 @@ lease has passed since the claim (or the last renewal) was sent. In normal opera
 renewal comes once a third has passed; beyond two thirds, renewals have been failing or the
 node was not running, and the lease may run out before the handler is under way."""
 HANDLER_CRASHED: Final = "handler_crashed"
+TASK_TYPE_UNAVAILABLE: Final = "task_type_unavailable"
+"""The error code of a run whose tenant may no longer use its task type (a grant withdrawn
+after it was queued): it fails for good without running."""
 """The ``error_code`` of an attempt whose handler raised instead of returning a result."""
 _OUTCOMES: Final = {str(outcome): outcome for outcome in Outcome}
 _SUCCEEDED: Final = Decision("succeeded")
 _SETUP_FAILED_POLICY: Final = RetryPolicy()
 """The retry policy of an attempt whose task type could not be read or built."""
+
+
+class _Unavailable(Exception):
+    """The execution's tenant may not use its task type."""
 
 
 def renew_check_s_for(attempt_lease_s: float) -> float:
@@ -245,6 +252,13 @@ class WorkerPool:
                 kind = await self._read(functools.partial(self._kinds.get, execution.task_type))
                 now = self._clock.monotonic()
             policy = kind.policy
+            if not kind.task_type.usable_by(execution.tenant_id):
+                # The ledger lets no live schedule name a task type its tenant may not use;
+                # this run was queued (or dead-lettered) before a grant was withdrawn.
+                raise _Unavailable(
+                    f"task type {execution.task_type!r} is not available to tenant "
+                    f"{execution.tenant_id!r}"
+                )
             cached = self._schedules.cached(execution.schedule_id, now)
             schedule = (
                 await self._read(functools.partial(self._schedules.get, execution.schedule_id))
@@ -306,6 +320,9 @@ class WorkerPool:
                     "timeout", f"the handler did not return within {timeout_s:g} s"
                 )
             result = ran
+        except _Unavailable as exc:
+            log.error("execution %s cannot run: %s", execution.execution_id, exc)
+            result = HandlerResult.permanent(TASK_TYPE_UNAVAILABLE, str(exc))
         except CarillonError as exc:
             log.error("execution %s cannot run: %s", execution.execution_id, exc)
             result = HandlerResult.unknown("setup_error", str(exc))

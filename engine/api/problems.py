@@ -17,6 +17,7 @@ import msgspec
 from engine.errors import (
     AlreadyExists,
     CarillonError,
+    InUse,
     LedgerUnavailable,
     NotFound,
     QuotaExceeded,
@@ -145,6 +146,8 @@ def from_error(exc: CarillonError) -> Problem:
         return Problem(412, "version-conflict", "The version does not match", detail)
     if isinstance(exc, AlreadyExists):
         return Problem(409, "already-exists", "It exists already", detail)
+    if isinstance(exc, InUse):
+        return Problem(409, "in-use", "It is still in use", detail)
     if isinstance(exc, QuotaExceeded):
         return Problem(409, "quota-exceeded", "The tenant's quota is exhausted", detail)
     if isinstance(exc, LedgerUnavailable):

@@ -23,12 +23,16 @@ from engine.api.schemas import (
     PartitionView,
     RegionFailoverSpec,
     RegionView,
+    SecretRotation,
     TaskTypeSpec,
     TenantSpec,
     TenantView,
 )
+from engine.core import redaction
+from engine.core.instants import format_utc
 from engine.core.load_forecast import Group, LoadForecast, forecast
 from engine.errors import NotFound
+from engine.handlers.registry import check_settings
 from engine.ledger.base import (
     RegionFailover,
     ScheduleGroup,
@@ -36,28 +40,81 @@ from engine.ledger.base import (
     TaskTypesPut,
     TenantsPut,
 )
-from engine.model import TaskType, Tenant, validate_identifier
+from engine.model import HandlerKind, TaskType, Tenant, validate_identifier, validate_task_type
 
 _BUCKETS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 FORECAST_DEFAULT: Final = timedelta(hours=24)
+ROTATION_OVERLAP_S_MAX: Final = 30 * 86400.0
 _forecasts = trio.CapacityLimiter(1)
 """One forecast computes at a time per process: it is CPU work in a worker thread."""
 
 
+def _shown(task_type: TaskType) -> TaskType:
+    """A task type as the API shows it: its secrets as fingerprints (write-only)."""
+    return msgspec.structs.replace(
+        task_type, settings=redaction.redact(task_type.kind, task_type.settings)
+    )
+
+
 async def list_task_types(call: Call) -> Reply:
-    return Reply(await call.api.ledger.task_types_list())
+    task_types: list[TaskType] = await call.api.ledger.task_types_list()
+    return Reply([_shown(task_type) for task_type in task_types])
 
 
 async def get_task_type(call: Call) -> Reply:
-    return Reply(await call.api.ledger.task_types_get(call.path("name")))
+    return Reply(_shown(await call.api.ledger.task_types_get(call.path("name"))))
 
 
 async def put_task_type(call: Call) -> Reply:
     spec: TaskTypeSpec = call.body
     name = validate_identifier(call.path("name"), kind="task type")
-    task_type = TaskType(name=name, **msgspec.structs.asdict(spec))
-    stored: TaskType = await call.api.ledger.task_types_put(TaskTypesPut(task_type))
-    return Reply(stored)
+    task_type = validate_task_type(TaskType(name=name, **msgspec.structs.asdict(spec)))
+    expected: int | None = None
+    if redaction.holds_fingerprints(task_type.kind, task_type.settings):
+        # Fingerprints sent back stand for the secrets they were read from, and only if
+        # nothing changed the task type since: the write is conditional on that version.
+        try:
+            current: TaskType | None = await call.api.ledger.task_types_get(name)
+        except NotFound:
+            current = None
+        settings = redaction.restore(
+            task_type.kind, task_type.settings, None if current is None else current.settings
+        )
+        task_type = msgspec.structs.replace(task_type, settings=settings)
+        expected = None if current is None else current.version
+    return Reply(_shown(await _put_checked(call, task_type, expected)))
+
+
+async def _put_checked(call: Call, task_type: TaskType, expected: int | None) -> TaskType:
+    check_settings(task_type.kind, task_type.settings)
+    stored: TaskType = await call.api.ledger.task_types_put(TaskTypesPut(task_type, expected))
+    return stored
+
+
+async def rotate_secret(call: Call) -> Reply:
+    body: SecretRotation = call.body
+    name = call.path("name")
+    current: TaskType = await call.api.ledger.task_types_get(name)
+    if current.kind is not HandlerKind.WEBHOOK:
+        raise problems.invalid(f"task type {name!r} is {current.kind}: only webhooks sign")
+    if not 0 <= body.overlap_s <= ROTATION_OVERLAP_S_MAX:
+        raise problems.invalid(
+            f"overlap_s must be 0 to {ROTATION_OVERLAP_S_MAX:g} seconds (30 days)"
+        )
+    now = await call.api.ledger.database_now()
+    settings = {
+        key: value
+        for key, value in current.settings.items()
+        if key not in ("previous_secret", "previous_secret_until")
+    }
+    old = settings.get("secret")
+    settings["secret"] = body.secret
+    if isinstance(old, str) and old != body.secret and body.overlap_s > 0:
+        settings["previous_secret"] = old
+        until = now + timedelta(seconds=body.overlap_s)
+        settings["previous_secret_until"] = format_utc(until)
+    rotated = msgspec.structs.replace(current, settings=settings)
+    return Reply(_shown(await _put_checked(call, rotated, current.version)))
 
 
 async def delete_task_type(call: Call) -> Reply:
@@ -255,6 +312,16 @@ ENDPOINTS: Final = (
         "Create or replace a task type",
         access=_ADMIN,
         body=TaskTypeSpec,
+        response=TaskType,
+        tag="admin",
+    ),
+    Endpoint(
+        "POST",
+        "/v1/task-types/{name}:rotate-secret",
+        rotate_secret,
+        "Rotate a webhook's signing secret, signing with both for an overlap",
+        access=_ADMIN,
+        body=SecretRotation,
         response=TaskType,
         tag="admin",
     ),

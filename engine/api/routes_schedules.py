@@ -54,9 +54,8 @@ from engine.ledger.base import (
     SchedulesList,
     SchedulesUpdate,
 )
-from engine.model import Execution, Schedule
+from engine.model import DEFAULT_TENANT, Execution, Schedule
 
-DEFAULT_TENANT: Final = "default"
 VERSION_MAX: Final = 2**63 - 1
 """The largest version the ledger can store (a bigint): an If-Match above it never matches."""
 PREVIEW_COUNT_DEFAULT: Final = 10
@@ -90,7 +89,8 @@ def _tenant_for(call: Call, requested: str | None) -> str:
 
 
 async def _visible(call: Call, schedule_id: str) -> Schedule:
-    """The schedule, if the caller may see it; 404 otherwise."""
+    """The schedule, if the caller may see it; otherwise the very 404 of a schedule that
+    does not exist."""
     schedule: Schedule = await call.api.ledger.schedules_get(schedule_id)
     call.who.check_tenant(schedule.tenant_id, f"schedule {schedule_id!r}")
     return schedule
@@ -116,10 +116,14 @@ async def put(call: Call) -> Reply:
     expected = _if_match(call)
     now = await call.api.ledger.database_now()
     try:
-        current = await _visible(call, schedule_id)
+        current: Schedule | None = await call.api.ledger.schedules_get(schedule_id)
     except NotFound:
+        current = None
+    if current is None or not call.who.can_see(current.tenant_id):
+        # Absent to the caller: a create. Another tenant's id (live or deleted) is refused
+        # by the ledger as taken, exactly as by POST (docs/api.md, "One namespace of ids").
         if expected is not None:
-            raise VersionConflict(f"schedule {schedule_id!r} does not exist") from None
+            raise VersionConflict(f"schedule {schedule_id!r} does not exist")
         schedule = schedule_from_spec(
             spec, schedule_id=schedule_id, tenant_id=_tenant_for(call, spec.tenant_id), now=now
         )

@@ -136,6 +136,20 @@ class TaskTypeSpec(_In, frozen=True):
     backoff_base_s: float = 1.0
     backoff_max_s: float = 60.0
     overlap: OverlapPolicy | None = None
+    tenant_id: str | None = None
+    """The tenant that owns it (only its schedules may name it); none: shared."""
+    allowed_tenants: tuple[str, ...] | None = None
+    """A shared task type's tenants (``"*"``: all; not for python and shell); not given: the
+    default tenant only."""
+
+
+class SecretRotation(_In, frozen=True):
+    """``POST /v1/task-types/{name}:rotate-secret``: the new signing secret, and how long
+    requests are signed with the old one too."""
+
+    secret: str
+    overlap_s: float = 86400.0
+    """Seconds during which both secrets sign (0: switch at once), at most 30 days."""
 
 
 class TenantSpec(_In, frozen=True):

@@ -8,11 +8,15 @@ are admin-only in the API: these commands need an admin token.
 ``set`` is declarative: its command line is the task type's whole definition, and options
 it leaves out take their defaults (running the same ``set`` twice changes nothing but the
 version). Handler settings are checked here by building the handler once
-(:func:`validate_task_type_settings`) before anything is sent. In ``set``, ``--url`` is the
+(:func:`engine.handlers.registry.check_settings`, the check the API makes too) before
+anything is sent. In ``set``, ``--url`` is the
 webhook's URL; the API's address is ``--api-url`` (or ``$CARILLON_URL``).
 
-Secrets are never printed: ``secret`` and sensitive-looking header or environment values
-show as ``***`` -- in ``--output json`` too, which is otherwise the API's JSON as received.
+Secrets are never printed: the API returns each one (a webhook's ``secret``, credential-like
+header values, every shell ``env`` value) only as its fingerprint, ``***sha256:`` and 8 hex
+digits, and any other value that looks like a credential is printed as ``***`` -- in
+``--output json`` too, which is otherwise the API's JSON as received. ``rotate-secret`` gives
+a webhook a new secret and keeps the old one signing for an overlap.
 """
 
 from __future__ import annotations
@@ -30,11 +34,11 @@ from engine.cli.client import (
 )
 from engine.cli.flags import usage
 from engine.cli.output import NONE, cell, print_table
+from engine.core.redaction import FINGERPRINT_PREFIX, sensitive_name
 from engine.errors import InvalidField
-from engine.model import HandlerKind, OverlapPolicy, TaskType
+from engine.model import ALL_TENANTS, HandlerKind, OverlapPolicy, TaskType
 
 REDACTED: Final = "***"
-_SENSITIVE_WORDS: Final = ("secret", "password", "token", "auth", "key", "cookie", "signature")
 _KIND_OPTIONS: Final = {
     HandlerKind.WEBHOOK: ("url", "secret", "header"),
     HandlerKind.PYTHON: ("callable",),
@@ -91,6 +95,25 @@ def add_parser(commands: Any) -> None:
     add_client_arguments(show, output=False)
     add_output_argument(show, _JSON_IS)
     show.set_defaults(handler=run_show)
+    rotate = actions.add_parser(
+        "rotate-secret",
+        help="give a webhook a new signing secret, signing with the old one too for a while",
+        description="Rotate a webhook task type's signing secret. Until the overlap ends, "
+        "every request carries two signatures (Standard Webhooks allows several), so each "
+        "receiver can switch to the new secret at its own pace.",
+    )
+    rotate.add_argument("name", metavar="NAME")
+    rotate.add_argument("--secret", required=True, help="the new secret (whsec_ + base64)")
+    rotate.add_argument(
+        "--overlap",
+        type=float,
+        default=86400.0,
+        metavar="S",
+        help="seconds during which the old secret signs too (0: at once) [86400]",
+    )
+    add_client_arguments(rotate, output=False)
+    add_output_argument(rotate, _JSON_IS)
+    rotate.set_defaults(handler=run_rotate)
     delete = actions.add_parser("delete", help="delete a task type that no schedule uses any more")
     delete.add_argument("name", metavar="NAME")
     add_client_arguments(delete)
@@ -161,11 +184,26 @@ def _add_set(actions: Any) -> None:
         choices=[policy.value for policy in OverlapPolicy],
         help="default overlap policy of this type's schedules",
     )
+    users = parser.add_argument_group(
+        "who may use it (default: the default tenant only)"
+    ).add_mutually_exclusive_group()
+    users.add_argument(
+        "--tenant",
+        metavar="TENANT",
+        help="owned by this tenant: only its schedules may name it",
+    )
+    users.add_argument(
+        "--allow",
+        action="append",
+        metavar="TENANT",
+        help="shared, and granted to this tenant (repeatable); '*' grants it to every tenant "
+        "(webhook and noop only)",
+    )
     parser.add_argument(
         "--skip-handler-check",
         action="store_true",
-        help="store the settings without building the handler here (e.g. a Python callable "
-        "installed only on the nodes)",
+        help="send the settings without checking them here first (the API makes the same "
+        "check when it stores them)",
     )
     add_client_arguments(parser, output=False, url_flag=False)
     add_output_argument(parser, _JSON_IS)
@@ -175,7 +213,9 @@ def _add_set(actions: Any) -> None:
 def run_set(args: argparse.Namespace) -> int:
     body = task_type_body(args)
     if not args.skip_handler_check:
-        validate_task_type_settings(HandlerKind(args.kind), body["settings"])
+        from engine.handlers.registry import check_settings  # the handlers load only here
+
+        check_settings(args.kind, body["settings"])
     with open_client(args) as api:
         answer = api.call("PUT", f"/v1/task-types/{segment(args.name)}", body=body)
     stored = redacted(answer.json())
@@ -209,6 +249,21 @@ def run_show(args: argparse.Namespace) -> int:
         _print_json(answer, task_type)
     else:
         _print_task_type(task_type)
+    return 0
+
+
+def run_rotate(args: argparse.Namespace) -> int:
+    body = {"secret": args.secret, "overlap_s": args.overlap}
+    with open_client(args) as api:
+        answer = api.call("POST", f"/v1/task-types/{segment(args.name)}:rotate-secret", body=body)
+    stored = redacted(answer.json())
+    if args.output == "json":
+        _print_json(answer, stored)
+        return 0
+    until = stored["settings"].get("previous_secret_until")
+    overlap = "at once" if until is None else f"signing with the old one too until {until}"
+    print(f"rotated the secret of task type {stored['name']!r} ({overlap})")
+    _print_task_type(stored)
     return 0
 
 
@@ -246,6 +301,10 @@ def task_type_body(args: argparse.Namespace) -> dict[str, Any]:
             body[field] = getattr(args, option)
     if args.overlap is not None:
         body["overlap"] = args.overlap
+    if args.tenant is not None:
+        body["tenant_id"] = args.tenant
+    if args.allow is not None:
+        body["allowed_tenants"] = args.allow
     return body
 
 
@@ -283,39 +342,29 @@ def _argv(text: str) -> list[str]:
     return argv
 
 
-def validate_task_type_settings(kind: HandlerKind, settings: dict[str, Any]) -> None:
-    """Refuse settings the handler of ``kind`` would refuse (``InvalidField``).
-
-    Builds the handler once through the registry (:func:`engine.handlers.build_handler`),
-    with shell and python handlers allowed: whether a node runs them is that node's policy
-    (``--enable-shell``, ``--enable-python``), not a property of the task type.
-    """
-    from engine.handlers import HandlerOptions, build_handler
-
-    options = HandlerOptions(enable_shell=True, enable_python=True)
-    build_handler(str(kind), settings, options=options)
-
-
 # --- output --------------------------------------------------------------------------------
 
 
-def _is_sensitive(name: str) -> bool:
-    lowered = name.lower()
-    return any(word in lowered for word in _SENSITIVE_WORDS)
+def _hidden(name: str, value: Any) -> Any:
+    """What to print of a setting called ``name``: the API's fingerprint of a secret as it
+    came, any other value that looks like a credential as ``***``."""
+    if isinstance(value, str) and value.startswith(FINGERPRINT_PREFIX):
+        return value
+    if name == "previous_secret_until":  # when a rotation's overlap ends: no secret
+        return value
+    return REDACTED if sensitive_name(name) else value
 
 
 def redact_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    """``settings`` safe to print, keys sorted: the values of secret-looking settings, headers
-    and environment variables (``secret``, ``Authorization``, ``API_TOKEN`` ...) become
-    ``***``."""
+    """``settings`` safe to print, keys sorted. The API shows secrets as fingerprints
+    (``***sha256:…``, :mod:`engine.core.redaction`); whatever else looks like a credential
+    (``Authorization``, ``API_TOKEN`` ...) is printed as ``***`` all the same."""
     shown: dict[str, Any] = {}
     for name, value in sorted(settings.items()):
-        if _is_sensitive(name):
-            shown[name] = REDACTED
-        elif name in ("headers", "env") and isinstance(value, dict):
-            shown[name] = {k: REDACTED if _is_sensitive(k) else v for k, v in sorted(value.items())}
+        if name in ("headers", "env") and isinstance(value, dict):
+            shown[name] = {k: _hidden(k, v) for k, v in sorted(value.items())}
         else:
-            shown[name] = value
+            shown[name] = _hidden(name, value)
     return shown
 
 
@@ -330,6 +379,17 @@ def _print_json(answer: Answer, shown: Any) -> None:
         print(answer.text)
     else:
         print(json.dumps(shown, separators=(",", ":")))
+
+
+def users(task_type: dict[str, Any]) -> str:
+    """Who may use a task type, in words: its owner, or the tenants it is granted to."""
+    owner = task_type.get("tenant_id")
+    if owner is not None:
+        return f"tenant {owner} (its owner) only"
+    granted = task_type.get("allowed_tenants") or []
+    if ALL_TENANTS in granted:
+        return "every tenant"
+    return ", ".join(granted) if granted else "no tenant"
 
 
 def _print_task_type(task_type: dict[str, Any]) -> None:
@@ -352,13 +412,24 @@ def _print_task_type(task_type: dict[str, Any]) -> None:
     print(f"backoff_max_s: {number('backoff_max_s')}")
     overlap = task_type.get("overlap") or "none (each schedule's own)"
     print(f"overlap: {overlap}")
+    print(f"used by: {users(task_type)}")
     updated = task_type.get("updated_at")
     print(f"version: {task_type['version']}" + ("" if updated is None else f" (updated {updated})"))
 
 
 def _print_table(task_types: list[dict[str, Any]]) -> None:
     print_table(
-        ("NAME", "KIND", "TIMEOUT_S", "MAX_CONC", "CLUSTER_CONC", "ATTEMPTS", "OVERLAP", "VER"),
+        (
+            "NAME",
+            "KIND",
+            "TIMEOUT_S",
+            "MAX_CONC",
+            "CLUSTER_CONC",
+            "ATTEMPTS",
+            "OVERLAP",
+            "VER",
+            "TENANTS",
+        ),
         [
             (
                 t["name"],
@@ -369,6 +440,9 @@ def _print_table(task_types: list[dict[str, Any]]) -> None:
                 str(t["max_attempts"]),
                 t.get("overlap") or NONE,
                 str(t["version"]),
+                t["tenant_id"] + "(owner)"
+                if t.get("tenant_id")
+                else ",".join(t.get("allowed_tenants") or []) or NONE,
             )
             for t in task_types
         ],

@@ -58,13 +58,24 @@ class PythonSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     timeout_s: float = TIMEOUT_S_DEFAULT
 
 
-def resolve_callable(path: str) -> UserFunction:
-    """Import ``"package.module:attribute.path"``; :class:`InvalidField` when that fails."""
+def check_callable_path(path: str) -> tuple[str, str]:
+    """``(module, attribute path)`` of ``"package.module:attribute.path"``, checked for its
+    form only (nothing is imported); :class:`InvalidField` naming the expected form."""
     module_name, sep, attribute = path.partition(":")
-    if not sep or not module_name or not attribute:
+    if (
+        not sep
+        or not all(part.isidentifier() for part in module_name.split("."))
+        or not all(part.isidentifier() for part in attribute.split("."))
+    ):
         raise InvalidField(
             f"python handler: callable {path!r} must look like 'package.module:function'"
         )
+    return module_name, attribute
+
+
+def resolve_callable(path: str) -> UserFunction:
+    """Import ``"package.module:attribute.path"``; :class:`InvalidField` when that fails."""
+    module_name, attribute = check_callable_path(path)
     try:
         target: Any = importlib.import_module(module_name)
     except Exception as error:

@@ -13,14 +13,33 @@ from typing import Any, Final
 
 from engine.clock import Clock, SystemClock
 from engine.errors import InvalidField
-from engine.handlers.base import Handler, HandlerOptions
+from engine.handlers.base import Handler, HandlerOptions, check_timeout_s, parse_settings
 from engine.handlers.http_client import WebhookClient
 from engine.handlers.noop import NoopHandler
-from engine.handlers.python import PythonHandler
+from engine.handlers.python import PythonHandler, PythonSettings, check_callable_path
 from engine.handlers.shell import ShellHandler
 from engine.handlers.webhook import WebhookHandler
 
 HANDLER_KINDS: Final = ("noop", "python", "shell", "webhook")
+_EVERY_KIND: Final = HandlerOptions(enable_shell=True, enable_python=True)
+
+
+def check_settings(kind: str, settings: Mapping[str, Any]) -> None:
+    """Refuse ``settings`` a handler of ``kind`` would refuse (:class:`~engine.errors.
+    InvalidField`), without running or importing anything.
+
+    The one check of a task type's settings, made by the API when one is stored and by
+    ``carillon task-type set`` before it sends one. Whether a node may run shell and python
+    handlers is that node's policy (``--enable-shell``, ``--enable-python``), and whether a
+    python callable imports is a property of the node's environment: each node finds that
+    out when it builds the handler, not here.
+    """
+    if kind == "python":
+        parsed = parse_settings("python", settings, PythonSettings)
+        check_timeout_s("python", parsed.timeout_s)
+        check_callable_path(parsed.callable)
+        return
+    build_handler(kind, settings, options=_EVERY_KIND)
 
 
 def build_handler(

@@ -11,6 +11,10 @@ A signed request carries three headers:
   wall clock; receivers reject stale ones, which defeats replays.
 * ``webhook-signature`` — ``v1,`` + base64(HMAC-SHA256(key, ``f"{id}.{timestamp}.{body}"``)).
 
+A secret is rotated with an overlap (``previous_secret`` until ``previous_secret_until`` in
+the webhook settings): meanwhile every request is signed with both, as the spec provides for
+("webhook-signature" holds a space-separated list), so receivers can switch at their pace.
+
 Secrets are written as the spec serialises them: ``whsec_`` + base64 of 24-64 random bytes
 (the prefix may be left out, as the reference libraries allow); the key is the decoded bytes.
 """
@@ -64,11 +68,21 @@ def sign(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(digest).decode("ascii")
 
 
-def signature_headers(key: bytes, execution_id: str, timestamp: int, body: bytes) -> dict[str, str]:
-    """The three Standard Webhooks headers for a request with ``body``."""
+def signature_headers(
+    key: bytes, execution_id: str, timestamp: int, body: bytes, *, retiring: bytes | None = None
+) -> dict[str, str]:
+    """The three Standard Webhooks headers for a request with ``body``.
+
+    With a ``retiring`` key (a secret being rotated out, within its overlap period) the
+    signature header carries both signatures, space-separated as the spec allows, so a
+    receiver that still knows only the old secret, or already only the new one, verifies it.
+    """
     msg_id = message_id(execution_id)
+    signature = sign(key, msg_id, timestamp, body)
+    if retiring is not None:
+        signature += " " + sign(retiring, msg_id, timestamp, body)
     return {
         "webhook-id": msg_id,
         "webhook-timestamp": str(timestamp),
-        "webhook-signature": sign(key, msg_id, timestamp, body),
+        "webhook-signature": signature,
     }

@@ -46,7 +46,7 @@ import importlib.metadata
 import re
 import ssl
 from collections.abc import Mapping
-from datetime import UTC
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, Final
 
@@ -100,10 +100,38 @@ USER_AGENT: Final = _user_agent()
 class WebhookSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     url: str
     secret: str | None = None
+    previous_secret: str | None = None
+    """A secret being rotated out: requests are signed with it too until
+    ``previous_secret_until`` (``POST /v1/task-types/{name}:rotate-secret`` sets both)."""
+    previous_secret_until: str | None = None
+    """When the overlap of a rotation ends (RFC 3339, UTC)."""
     timeout_s: float | None = None
     headers: dict[str, str] = msgspec.field(default_factory=dict)
     """Extra request headers (an API key, a routing tag). They cannot replace the headers
     Carillon sets itself (the idempotency, context and signature headers)."""
+
+
+def _retiring_secret(parsed: WebhookSettings) -> tuple[bytes | None, datetime]:
+    """The key of a secret being rotated out and when its overlap ends, checked together."""
+    if parsed.previous_secret is None and parsed.previous_secret_until is None:
+        return None, datetime.min.replace(tzinfo=UTC)
+    if parsed.previous_secret is None or parsed.previous_secret_until is None:
+        raise InvalidField(
+            "webhook handler: previous_secret and previous_secret_until go together (a "
+            "secret being rotated out, and when its overlap ends)"
+        )
+    if parsed.secret is None:
+        raise InvalidField("webhook handler: a previous_secret needs a secret to rotate to")
+    try:
+        until = datetime.fromisoformat(parsed.previous_secret_until)
+    except ValueError:
+        raise InvalidField(
+            "webhook handler: previous_secret_until must be an RFC 3339 instant such as "
+            "'2026-12-03T12:00:00Z'"
+        ) from None
+    if until.tzinfo is None:
+        raise InvalidField("webhook handler: previous_secret_until needs a UTC offset ('Z')")
+    return parse_secret(parsed.previous_secret), until
 
 
 HEADERS_MAX: Final = 32
@@ -255,6 +283,7 @@ class WebhookHandler:
         self._url = parse_webhook_url(parsed.url)
         self._display_url = display_url(self._url)
         self._key = None if parsed.secret is None else parse_secret(parsed.secret)
+        self._retiring, self._retiring_until = _retiring_secret(parsed)
         self._extra_headers = check_headers(parsed.headers)
         timeout_s = options.webhook_timeout_s if parsed.timeout_s is None else parsed.timeout_s
         self.timeout_s = check_timeout_s("webhook", timeout_s)
@@ -297,8 +326,14 @@ class WebhookHandler:
             "X-Carillon-Fencing-Token": str(context.fencing_token),
         }
         if self._key is not None:
-            timestamp = int(self._clock.now().timestamp())
-            own |= signature_headers(self._key, context.execution_id, timestamp, body)
+            now = self._clock.now()
+            timestamp = int(now.timestamp())
+            retiring = self._retiring
+            if retiring is not None and now >= self._retiring_until:
+                retiring = None  # the rotation's overlap is over
+            own |= signature_headers(
+                self._key, context.execution_id, timestamp, body, retiring=retiring
+            )
         if not self._extra_headers:
             return list(own.items())
         taken = {name.lower() for name in own} | _FRAMING_HEADERS

@@ -11,6 +11,7 @@ anything changes).
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime
 
 import msgspec
@@ -42,6 +43,7 @@ from engine.ledger.base import (
     replay_audit_details,
     task_type_in_use,
 )
+from engine.ledger.common import lost_users, task_type_grant_in_use, task_type_runs_in_use
 from engine.model import (
     AuditAction,
     AuditEvent,
@@ -79,7 +81,22 @@ class AdminMethods:
         # dict cannot reach the ledger, and what is read back is what JSON can carry.
         settings = msgspec.json.decode(msgspec.json.encode(task_type.settings))
         task_type = msgspec.structs.replace(task_type, settings=settings)
+        current = self._task_types.find(task_type.name)
+        self._task_types.check_version(task_type.name, params.expected_version)
+        if current is not None and lost_users(current, task_type):
+            self._check_no_lost_users(task_type)
         return self._task_types.put(task_type.name, task_type, params.expected_version, self._now())
+
+    def _check_no_lost_users(self, task_type: TaskType) -> None:
+        """Refuse a change that takes ``task_type`` away from tenants with live schedules
+        naming it."""
+        lost = Counter(
+            schedule.tenant_id
+            for schedule in self._schedules.values()
+            if schedule.task_type == task_type.name and not task_type.usable_by(schedule.tenant_id)
+        )
+        if lost:
+            raise task_type_grant_in_use(task_type.name, sorted(lost.items()))
 
     async def task_types_get(self, name: str) -> TaskType:
         await trio.lowlevel.checkpoint()
@@ -95,6 +112,9 @@ class AdminMethods:
         users = sorted(key for key, s in self._schedules.items() if s.task_type == name)
         if users:
             raise task_type_in_use(name, len(users), users)
+        runs = self._executions.unfinished_of_task_type(name)
+        if runs:
+            raise task_type_runs_in_use(name, runs)
         return self._task_types.delete(name)
 
     async def tenants_put(self, params: TenantsPut) -> Tenant:

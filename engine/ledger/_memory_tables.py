@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 import msgspec
 import trio
@@ -379,6 +379,16 @@ class LeaseTable:
 # --- executions -----------------------------------------------------------------------------
 
 
+_UNFINISHED: Final = frozenset(
+    {
+        ExecutionStatus.QUEUED,
+        ExecutionStatus.FAILED,
+        ExecutionStatus.RUNNING,
+        ExecutionStatus.DEAD_LETTER,
+    }
+)
+
+
 class ExecutionTable:
     """Executions by id, their attempt histories, and the indexes the ledger scans."""
 
@@ -401,6 +411,15 @@ class ExecutionTable:
 
     def attempts(self, execution_id: str) -> list[Attempt]:
         return list(self._attempts.get(execution_id, ()))
+
+    def unfinished_of_task_type(self, task_type: str) -> dict[str, int]:
+        """How many executions of ``task_type`` are not finished, by status: queued, failed
+        (waiting for a retry), running, and dead letters (a replay runs them again)."""
+        counts: dict[str, int] = {}
+        for execution in self._rows.values():
+            if execution.task_type == task_type and execution.status in _UNFINISHED:
+                counts[str(execution.status)] = counts.get(str(execution.status), 0) + 1
+        return counts
 
     def running_count(self, task_type: str) -> int:
         """How many executions of ``task_type`` are ``running``, in every partition."""
@@ -543,9 +562,9 @@ class VersionedTable(Generic[R]):
     def rows(self) -> list[R]:
         return [self._rows[key] for key in sorted(self._rows)]
 
-    def put(self, key: str, record: R, expected_version: int | None, now: datetime) -> R:
-        """Store ``record`` under the next version; ``VersionConflict`` if
-        ``expected_version`` is given and is not the current one (0 when absent)."""
+    def check_version(self, key: str, expected_version: int | None) -> None:
+        """``VersionConflict`` if ``expected_version`` is given and is not the current
+        version of ``key`` (0 when absent)."""
         current = self._rows.get(key)
         version = 0 if current is None else current.version
         if expected_version is not None and expected_version != version:
@@ -554,6 +573,13 @@ class VersionedTable(Generic[R]):
                 f"{self._what} {key!r} {state}, not version {expected_version}; re-read it "
                 "and apply the change again"
             )
+
+    def put(self, key: str, record: R, expected_version: int | None, now: datetime) -> R:
+        """Store ``record`` under the next version; ``VersionConflict`` if
+        ``expected_version`` is given and is not the current one (0 when absent)."""
+        self.check_version(key, expected_version)
+        current = self._rows.get(key)
+        version = 0 if current is None else current.version
         stored = msgspec.structs.replace(record, version=version + 1, updated_at=now)
         self._rows[key] = stored
         return stored

@@ -10,14 +10,14 @@ character (the contract suite compares them).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import msgspec
 
 from engine.core.instants import format_utc
-from engine.errors import AlreadyExists, InvalidField, QuotaExceeded
+from engine.errors import AlreadyExists, InUse, InvalidField, QuotaExceeded
 from engine.ledger.params import (
     BATCH_ROWS_MAX,
     STATS_BUCKET_S_MAX,
@@ -27,7 +27,14 @@ from engine.ledger.params import (
     ExecutionsBackfill,
     ExecutionsStats,
 )
-from engine.model import IDENTIFIER_LENGTH_MAX, ApiToken, execution_id
+from engine.model import (
+    ALL_TENANTS,
+    IDENTIFIER_LENGTH_MAX,
+    ApiToken,
+    Schedule,
+    TaskType,
+    execution_id,
+)
 
 # --- cursors ------------------------------------------------------------------------------
 
@@ -226,26 +233,90 @@ IN_USE_SHOWN_MAX: Final = 5
 """How many schedule ids a refused task-type delete names."""
 
 
-def unknown_task_types(names: list[str]) -> InvalidField:
-    """The error for schedules naming task types that do not exist (``names`` sorted)."""
-    if len(names) == 1:
+def unknown_task_types(unknown: list[tuple[str, str]]) -> InvalidField:
+    """The error for schedules naming task types that do not exist or that their tenant may
+    not use (``unknown``: sorted ``(task type, tenant)`` pairs). The two read the same, so a
+    tenant cannot tell another tenant's task type from one that does not exist."""
+    why = "it does not exist, or is not granted to that tenant"
+    if len(unknown) == 1:
+        ((name, tenant),) = unknown
         return InvalidField(
-            f"unknown task type {names[0]!r}; create it with "
-            f"`carillon task-type set {names[0]} --kind ...`"
+            f"unknown task type {name!r} for tenant {tenant!r} ({why}); an admin creates or "
+            f"grants it with `carillon task-type set {name} --kind ... --allow {tenant}`"
         )
-    shown = ", ".join(repr(name) for name in names)
+    shown = ", ".join(f"{name!r} for tenant {tenant!r}" for name, tenant in unknown)
     return InvalidField(
-        f"unknown task types {shown}; create each with `carillon task-type set NAME --kind ...`"
+        f"unknown task types {shown} (each does not exist, or is not granted to that tenant); "
+        "an admin creates or grants each with `carillon task-type set NAME --kind ... --allow "
+        "TENANT`"
     )
 
 
-def task_type_in_use(name: str, count: int, schedule_ids: list[str]) -> InvalidField:
+def unusable_task_types(
+    schedules: Iterable[Schedule], found: Mapping[str, TaskType]
+) -> list[tuple[str, str]]:
+    """The sorted ``(task type, tenant)`` pairs of ``schedules`` whose task type is not in
+    ``found`` or not usable by the schedule's tenant."""
+    pairs = {(schedule.task_type, schedule.tenant_id) for schedule in schedules}
+    return sorted(
+        (name, tenant)
+        for name, tenant in pairs
+        if name not in found or not found[name].usable_by(tenant)
+    )
+
+
+def task_type_runs_in_use(name: str, counts: Mapping[str, int]) -> InUse:
+    """The error for deleting a task type that unfinished runs still name (``counts``: by
+    status, ``queued``, ``failed`` (waiting for a retry), ``running`` and ``dead-letter``)."""
+    parts = [
+        f"{counts[status]} {one if counts[status] == 1 else many}"
+        for status, one, many in (
+            ("queued", "queued", "queued"),
+            ("failed", "waiting for a retry", "waiting for a retry"),
+            ("running", "running", "running"),
+            ("dead-letter", "dead letter", "dead letters"),
+        )
+        if counts.get(status)
+    ]
+    total = sum(counts.values())
+    noun = "run" if total == 1 else "runs"
+    return InUse(
+        f"task type {name!r} is still named by {total} unfinished {noun} ({', '.join(parts)}); "
+        "they would fail without it: let them finish, skip or delete their schedules' runs, "
+        "and replay or purge its dead letters first"
+    )
+
+
+def task_type_grant_in_use(name: str, tenants: list[tuple[str, int]]) -> InUse:
+    """The error for a task-type change that would take it away from tenants whose live
+    schedules name it (``tenants``: sorted ``(tenant, live schedules)`` pairs)."""
+    shown = ", ".join(f"{tenant!r} ({count})" for tenant, count in tenants[:IN_USE_SHOWN_MAX])
+    more = f" and {len(tenants) - IN_USE_SHOWN_MAX} more" if len(tenants) > IN_USE_SHOWN_MAX else ""
+    return InUse(
+        f"task type {name!r} is still named by live schedules of tenants it would no longer be "
+        f"available to: {shown}{more}; keep those tenants in allowed_tenants, or move their "
+        "schedules to another task type first"
+    )
+
+
+def lost_users(before: TaskType, after: TaskType) -> bool:
+    """Whether some tenant that may use ``before`` may not use ``after`` (then the change
+    must check the live schedules of the tenants it takes the task type away from)."""
+    if after.tenant_id is None and ALL_TENANTS in (after.allowed_tenants or ()):
+        return False
+    if before.tenant_id is not None:
+        return not after.usable_by(before.tenant_id)
+    granted = before.allowed_tenants or ()
+    return ALL_TENANTS in granted or any(not after.usable_by(tenant) for tenant in granted)
+
+
+def task_type_in_use(name: str, count: int, schedule_ids: list[str]) -> InUse:
     """The error for deleting a task type that ``count`` live schedules still name
     (``schedule_ids``: the first few, by id)."""
     shown = ", ".join(schedule_ids[:IN_USE_SHOWN_MAX])
     more = f" and {count - IN_USE_SHOWN_MAX} more" if count > IN_USE_SHOWN_MAX else ""
     noun = "schedule" if count == 1 else "schedules"
-    return InvalidField(
+    return InUse(
         f"task type {name!r} is still used by {count} {noun} ({shown}{more}); delete them or "
         "move them to another task type first"
     )

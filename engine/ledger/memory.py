@@ -109,7 +109,7 @@ from engine.ledger.base import (
     encode_cursor,
     unknown_task_types,
 )
-from engine.ledger.common import check_id_prefix
+from engine.ledger.common import check_id_prefix, unusable_task_types
 from engine.ledger.params import plannable
 from engine.model import (
     Execution,
@@ -193,7 +193,13 @@ class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
         if repeated:
             raise InvalidField(f"schedule id(s) {repeated} appear more than once in the batch")
         self._require_task_types(checked)
-        existing = sorted(key for key in ids if key in self._schedules)
+        existing = sorted(
+            schedule.schedule_id
+            for schedule in checked
+            if schedule.schedule_id in self._schedules
+            # A deleted id is only ever revived for the tenant that had it.
+            or self._tombstones.get(schedule.schedule_id, schedule).tenant_id != schedule.tenant_id
+        )
         if existing:
             raise AlreadyExists(f"schedule(s) {existing} exist already", ids=tuple(existing))
         self._require_quotas(checked)
@@ -335,7 +341,12 @@ class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
         self._feed.append(schedule.schedule_id, partition, kind, schedule.version)
 
     def _require_task_types(self, schedules: list[Schedule]) -> None:
-        unknown = sorted({s.task_type for s in schedules if s.task_type not in self._task_types})
+        found = {
+            name: task_type
+            for name in {schedule.task_type for schedule in schedules}
+            if (task_type := self._task_types.find(name)) is not None
+        }
+        unknown = unusable_task_types(schedules, found)
         if unknown:
             raise unknown_task_types(unknown)
 

@@ -26,6 +26,13 @@ from engine.node import Node
 from engine.testing import SkewedClock
 from tests.ledger.backends import put_noop_task_type
 
+TEST_TENANTS: tuple[str, ...] = (
+    *("default", "acme", "t", "big", "heavy", "light", "quota"),
+    *(f"tenant-{n}" for n in range(20)),
+)
+"""Every tenant the actor tests' schedules use: python and shell task types are granted to
+tenants by name, never to every tenant."""
+
 START = datetime(2026, 3, 2, 0, 0, 30, tzinfo=UTC)
 PARTITIONS = 16
 

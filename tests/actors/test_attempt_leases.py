@@ -14,6 +14,7 @@ from tests.actors import probe_handlers
 from tests.actors.harness import (
     PARTITIONS,
     START,
+    TEST_TENANTS,
     all_executions,
     cluster,
     create,
@@ -23,6 +24,7 @@ from tests.actors.harness import (
 SLOW = TaskType(
     name="noop",
     kind=HandlerKind.NOOP,
+    allowed_tenants=("*",),
     settings={"delay_s": 300, "timeout_s": 600},
     timeout_s=600,
 )
@@ -89,7 +91,9 @@ async def test_an_attempt_the_ledger_took_away_is_abandoned_and_its_successor_co
 async def test_the_hand_off_shrinks_to_one_per_worker_when_handlers_are_slow(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    two_seconds = TaskType(name="noop", kind=HandlerKind.NOOP, settings={"delay_s": 2})
+    two_seconds = TaskType(
+        name="noop", kind=HandlerKind.NOOP, allowed_tenants=("*",), settings={"delay_s": 2}
+    )
     async with cluster(workers=4) as c:
         await create(c.ledger, make_schedules(200, START, lambda n: ("0 * * * *", "UTC")))
         node = (await c.start_node("n1")).node
@@ -100,7 +104,9 @@ async def test_the_hand_off_shrinks_to_one_per_worker_when_handlers_are_slow(
         assert pool.statistics().finished == {"succeeded": 200}
         # 2 s per execution, 4 workers: 2 finish per second, fewer than one per worker.
         assert sizer.capacity == 4 + 4
-        await c.ledger.task_types_put(TaskTypesPut(TaskType(name="noop", kind=HandlerKind.NOOP)))
+        await c.ledger.task_types_put(
+            TaskTypesPut(TaskType(name="noop", kind=HandlerKind.NOOP, allowed_tenants=("*",)))
+        )
         await trio.sleep(3600)
         assert pool.statistics().finished == {"succeeded": 400}
         assert sizer.capacity == 4 + 1_000  # instant handlers: a full hand-off
@@ -109,6 +115,7 @@ async def test_the_hand_off_shrinks_to_one_per_worker_when_handlers_are_slow(
 PROBE = TaskType(
     name="probe",
     kind=HandlerKind.PYTHON,
+    allowed_tenants=TEST_TENANTS,
     settings={"callable": "tests.actors.probe_handlers:probe"},
 )
 
@@ -162,6 +169,7 @@ async def test_an_attempt_lease_shorter_than_the_renewal_check_is_renewed_in_tim
     twenty_seconds = TaskType(
         name="noop",
         kind=HandlerKind.NOOP,
+        allowed_tenants=("*",),
         settings={"delay_s": 20, "timeout_s": 60},
         timeout_s=60,
     )

@@ -17,6 +17,7 @@ from engine.model import CatchUpPolicy, ExecutionStatus, HandlerKind, Schedule, 
 from tests.actors import probe_handlers
 from tests.actors.harness import (
     START,
+    TEST_TENANTS,
     all_executions,
     cluster,
     create,
@@ -30,6 +31,7 @@ PLANNED_OR_RUN = {ExecutionStatus.QUEUED, ExecutionStatus.RUNNING, ExecutionStat
 PROBE = TaskType(
     name="probe",
     kind=HandlerKind.PYTHON,
+    allowed_tenants=TEST_TENANTS,
     settings={"callable": "tests.actors.probe_handlers:probe"},
 )
 """Records each start by execution id (``probe_handlers.RUNS``)."""

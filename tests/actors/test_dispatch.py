@@ -17,7 +17,7 @@ import trio.testing
 from engine.ledger.base import SchedulesCreate, TaskTypesPut, TenantsPut
 from engine.model import HandlerKind, Schedule, TaskType, Tenant
 from tests.actors import probe_handlers
-from tests.actors.harness import START, cluster, make_schedules
+from tests.actors.harness import START, TEST_TENANTS, cluster, make_schedules
 from tests.ledger.backends import put_noop_task_type
 
 INSTANT = START.replace(minute=0, second=0) + timedelta(hours=1)
@@ -25,6 +25,7 @@ INSTANT = START.replace(minute=0, second=0) + timedelta(hours=1)
 PROBE = TaskType(
     name="probe",
     kind=HandlerKind.PYTHON,
+    allowed_tenants=TEST_TENANTS,
     settings={"callable": "tests.actors.probe_handlers:probe"},
 )
 

@@ -10,10 +10,18 @@ import trio.testing
 
 from engine.errors import LedgerUnavailable, PermanentError
 from engine.handlers import ExecutionContext
-from engine.ledger.base import ExecutionsQuery, TaskTypesPut
+from engine.ledger.base import ExecutionsQuery, SchedulesUpdate, TaskTypesPut
 from engine.model import ExecutionStatus, HandlerKind, TaskType
 from tests.actors import user_handlers
-from tests.actors.harness import START, all_executions, cluster, create, make_schedules, within
+from tests.actors.harness import (
+    START,
+    TEST_TENANTS,
+    all_executions,
+    cluster,
+    create,
+    make_schedules,
+    within,
+)
 
 
 async def test_executions_run_at_their_instant_never_early(
@@ -52,7 +60,12 @@ async def test_transient_failures_retry_with_the_same_key_and_permanent_ones_dea
         ):
             await c.ledger.task_types_put(
                 TaskTypesPut(
-                    TaskType(name=name, kind=HandlerKind.PYTHON, settings={"callable": function})
+                    TaskType(
+                        name=name,
+                        kind=HandlerKind.PYTHON,
+                        allowed_tenants=TEST_TENANTS,
+                        settings={"callable": function},
+                    )
                 )
             )
         schedules = [
@@ -86,7 +99,11 @@ async def test_a_task_type_this_node_cannot_run_stops_only_its_own_executions(
         await c.ledger.task_types_put(
             TaskTypesPut(
                 TaskType(
-                    name="sh", kind=HandlerKind.SHELL, settings={"argv": ["true"]}, max_attempts=1
+                    name="sh",
+                    kind=HandlerKind.SHELL,
+                    allowed_tenants=TEST_TENANTS,
+                    settings={"argv": ["true"]},
+                    max_attempts=1,
                 )
             )
         )
@@ -142,3 +159,46 @@ async def test_a_database_blip_while_preparing_an_execution_spends_no_attempt(
     assert execution.attempt == 1
     detail = await c.ledger.executions_get(execution.execution_id)
     assert [a.outcome for a in detail.attempts] == ["succeeded"]
+
+
+async def counted(context: ExecutionContext) -> None:
+    user_handlers.CALLS[context.execution_id] += 1
+
+
+async def test_a_run_whose_tenant_lost_its_task_type_fails_for_good_without_running(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The ledger lets no live schedule name a task type its tenant may not use, but a run
+    queued earlier still names it: the worker checks again, and never runs it."""
+    user_handlers.CALLS.clear()
+    probe = TaskType(
+        name="probe",
+        kind=HandlerKind.PYTHON,
+        allowed_tenants=("tenant-0",),
+        settings={"callable": f"{__name__}:counted"},
+        max_attempts=3,
+    )
+    async with cluster() as c:
+        await c.ledger.task_types_put(TaskTypesPut(probe))
+        [schedule] = make_schedules(1, START, lambda n: ("1 * * * *", "UTC"))
+        assert schedule.tenant_id == "tenant-0"
+        await create(c.ledger, [msgspec.structs.replace(schedule, task_type="probe")])
+        await c.start_node("n1")
+        await trio.sleep(30)  # planned ahead: the 12:01 run is queued, naming "probe"
+        [queued] = await all_executions(c.ledger)
+        assert (queued.task_type, queued.status) == ("probe", ExecutionStatus.QUEUED)
+        # The schedule moves to another task type; then "probe" is withdrawn from tenant-0.
+        stored = await c.ledger.schedules_get(schedule.schedule_id)
+        await c.ledger.schedules_update(
+            SchedulesUpdate(msgspec.structs.replace(stored, task_type="noop"), stored.version)
+        )
+        await c.ledger.task_types_put(
+            TaskTypesPut(msgspec.structs.replace(probe, allowed_tenants=("acme",)))
+        )
+        await trio.sleep(120)
+        ran = await c.ledger.executions_get(queued.execution_id)
+    assert ran.execution.status is ExecutionStatus.DEAD_LETTER
+    assert ran.execution.error_code == "task_type_unavailable"
+    assert ran.execution.attempt == 1  # a permanent failure: never retried
+    assert "not available to tenant 'tenant-0'" in (ran.execution.error_message or "")
+    assert user_handlers.CALLS[queued.execution_id] == 0

@@ -34,6 +34,7 @@ from tests.actors import overlap_handlers, probe_handlers
 from tests.actors.harness import (
     PARTITIONS,
     START,
+    TEST_TENANTS,
     all_executions,
     cluster,
     create,
@@ -81,7 +82,13 @@ class Scrape:
 
 
 def python_task_type(name: str, function: str, **fields: object) -> TaskType:
-    return TaskType(name=name, kind=HandlerKind.PYTHON, settings={"callable": function}, **fields)  # type: ignore[arg-type]
+    return TaskType(
+        name=name,
+        kind=HandlerKind.PYTHON,
+        allowed_tenants=TEST_TENANTS,
+        settings={"callable": function},
+        **fields,
+    )  # type: ignore[arg-type]
 
 
 async def always_bad(context: ExecutionContext) -> None:
@@ -169,6 +176,7 @@ async def test_an_attempt_redelivered_after_its_lease_ran_out_counts_as_expired_
     slow = TaskType(
         name="slow",
         kind=HandlerKind.NOOP,
+        allowed_tenants=("*",),
         settings={"delay_s": 300, "timeout_s": 600},
         timeout_s=600,
     )

@@ -13,7 +13,7 @@ import trio.testing
 from engine.ledger.base import SchedulesCreate, TaskTypesPut
 from engine.model import Execution, ExecutionStatus, HandlerKind, OverlapPolicy, Schedule, TaskType
 from tests.actors import overlap_handlers
-from tests.actors.harness import START, all_executions, cluster, within
+from tests.actors.harness import START, TEST_TENANTS, all_executions, cluster, within
 from tests.actors.overlap_handlers import PEAK, RUN_S
 
 MINUTE = timedelta(minutes=1)
@@ -22,6 +22,7 @@ FIRST = START.replace(second=0) + MINUTE
 SLOW = TaskType(
     name="slow",
     kind=HandlerKind.PYTHON,
+    allowed_tenants=TEST_TENANTS,
     settings={"callable": "tests.actors.overlap_handlers:slow", "timeout_s": 300},
     timeout_s=300,
     overlap=OverlapPolicy.SKIP,

@@ -28,7 +28,9 @@ from engine.model import Execution, ExecutionStatus, HandlerKind, OverlapPolicy,
 from engine.testing import SkewedClock
 from tests.actors.harness import START
 
-SLOW = TaskType(name="slow", kind=HandlerKind.NOOP, overlap=OverlapPolicy.SKIP)
+SLOW = TaskType(
+    name="slow", kind=HandlerKind.NOOP, allowed_tenants=("*",), overlap=OverlapPolicy.SKIP
+)
 
 
 async def test_of_two_fires_of_a_skip_schedule_popped_together_the_earlier_starts(

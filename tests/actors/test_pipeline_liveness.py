@@ -25,6 +25,7 @@ from engine.ledger.base import TaskTypesPut
 from engine.model import Execution, ExecutionStatus, HandlerKind, OverlapPolicy, TaskType
 from tests.actors.harness import (
     START,
+    TEST_TENANTS,
     Cluster,
     all_executions,
     cluster,
@@ -57,6 +58,7 @@ def python_type(name: str, function: str, timeout_s: float = 30.0, **fields: Any
     return TaskType(
         name=name,
         kind=HandlerKind.PYTHON,
+        allowed_tenants=TEST_TENANTS,
         settings={"callable": f"{__name__}:{function}", "timeout_s": timeout_s},
         timeout_s=timeout_s,
         **fields,

@@ -155,7 +155,9 @@ class Api:
 
 async def prepare_ledger(ledger: Ledger) -> None:
     """Store the task type the tests' schedules name."""
-    await ledger.task_types_put(TaskTypesPut(TaskType(name=TASK_TYPE, kind=HandlerKind.NOOP)))
+    await ledger.task_types_put(
+        TaskTypesPut(TaskType(name=TASK_TYPE, kind=HandlerKind.NOOP, allowed_tenants=("*",)))
+    )
 
 
 @asynccontextmanager

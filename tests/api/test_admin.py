@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import base64
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 
 from engine.core import load_forecast
+from engine.core.redaction import fingerprint
 from engine.ledger.base import AuditQuery, LeasesAcquire, NodesHeartbeat
 from engine.model import SETTINGS_BYTES_MAX, AuditAction
 from tests.api.support import PARTITIONS, TASK_TYPE, Api, assert_problem
@@ -41,7 +44,7 @@ async def test_task_type_delete_answers_204_then_404(api: Api) -> None:
 async def test_deleting_a_task_type_in_use_is_refused_and_keeps_it(api: Api) -> None:
     await api.create_schedule("user-of-noop")
     response = await api.client.delete(f"/v1/task-types/{TASK_TYPE}", headers=api.admin)
-    problem = assert_problem(response, 422, "invalid-field")
+    problem = assert_problem(response, 409, "in-use")
     assert "user-of-noop" in problem["detail"]
     assert (await api.client.get(f"/v1/task-types/{TASK_TYPE}", headers=api.admin)).is_success
 
@@ -61,6 +64,21 @@ async def test_deleting_a_task_type_in_use_is_refused_and_keeps_it(api: Api) -> 
         ("t", {"kind": "noop", "settings": {"nul": "\u0000"}}),
         ("t", {"kind": "noop", "settings": []}),
         ("t", {"kind": "noop", "colour": "blue"}),
+        # Task types that could never run: the same check `carillon task-type set` makes.
+        ("t", {"kind": "webhook"}),
+        ("t", {"kind": "webhook", "settings": {"url": "not a url"}}),
+        ("t", {"kind": "webhook", "settings": {"url": "ftp://example.com/x"}}),
+        ("t", {"kind": "webhook", "settings": {"url": "https://e.com", "secret": "short"}}),
+        ("t", {"kind": "python"}),
+        ("t", {"kind": "python", "settings": {"callable": "no colon"}}),
+        ("t", {"kind": "shell"}),
+        ("t", {"kind": "shell", "settings": {"argv": "rm -rf /"}}),
+        ("t", {"kind": "noop", "settings": {"delay_s": "soon"}}),
+        # Grants that do not hold together.
+        ("t", {"kind": "shell", "settings": {"argv": ["true"]}, "allowed_tenants": ["*"]}),
+        ("t", {"kind": "noop", "tenant_id": "acme", "allowed_tenants": ["globex"]}),
+        ("t", {"kind": "noop", "allowed_tenants": ["no way"]}),
+        ("t", {"kind": "noop", "tenant_id": ""}),
         ("bad%20name", {"kind": "noop"}),
         ("a:b", {"kind": "noop"}),
         ("x" * 129, {"kind": "noop"}),
@@ -71,6 +89,23 @@ async def test_task_type_put_with_an_invalid_field_gets_422(
 ) -> None:
     response = await api.client.put(f"/v1/task-types/{name}", json=body, headers=api.admin)
     assert_problem(response, 422, "invalid-field")
+
+
+async def test_a_task_type_with_unfinished_runs_cannot_be_deleted(api: Api) -> None:
+    await api.client.put(
+        "/v1/task-types/report", json={"kind": "noop", "allowed_tenants": ["*"]}, headers=api.admin
+    )
+    await api.create_schedule("monthly", task_type="report")
+    await api.queued("monthly")
+    dead = await api.dead_letter("monthly")
+    await api.client.patch(
+        "/v1/schedules/monthly", json={"task_type": TASK_TYPE}, headers=api.admin
+    )
+    response = await api.client.delete("/v1/task-types/report", headers=api.admin)
+    problem = assert_problem(response, 409, "in-use")
+    assert "2 unfinished runs (1 queued, 1 dead letter)" in problem["detail"]
+    assert (await api.client.get("/v1/task-types/report", headers=api.admin)).is_success
+    assert (await api.ledger.executions_get(dead)).execution.task_type == "report"
 
 
 async def test_unknown_task_type_gets_404(api: Api) -> None:
@@ -390,3 +425,120 @@ async def test_forecast_counts_day_names_exactly_not_as_hashed(api: Api) -> None
     assert body["approximated_schedules"] == 0
     assert body["total"][9] == 4
     assert sum(body["total"]) == 4
+
+
+# --- secrets are write-only -------------------------------------------------------------------
+
+HOOK_SECRET = "whsec_" + base64.b64encode(b"s3cr3t-key-material-of-32-bytes!").decode()
+NEW_SECRET = "whsec_" + base64.b64encode(b"another-key-material-of-32-byte!").decode()
+
+
+async def test_secrets_are_never_returned_only_their_fingerprints(
+    api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    hook = {
+        "kind": "webhook",
+        "settings": {
+            "url": "https://example.com/h",
+            "secret": HOOK_SECRET,
+            "headers": {"Authorization": "Bearer sk_live_1", "X-Team": "billing"},
+        },
+    }
+    shell = {"kind": "shell", "settings": {"argv": ["/bin/true"], "env": {"PGPASSWORD": "hunter2"}}}
+    answers = [
+        await api.client.put("/v1/task-types/hook", json=hook, headers=api.admin),
+        await api.client.put("/v1/task-types/sh", json=shell, headers=api.admin),
+        await api.client.get("/v1/task-types/hook", headers=api.admin),
+        await api.client.get("/v1/task-types", headers=api.admin),
+    ]
+    for answer in answers:
+        assert answer.status_code == 200, answer.text
+        for secret in (HOOK_SECRET, "sk_live_1", "hunter2"):
+            assert secret not in answer.text
+    shown = answers[2].json()["settings"]
+    assert shown["secret"] == fingerprint(HOOK_SECRET)
+    assert shown["headers"] == {
+        "Authorization": fingerprint("Bearer sk_live_1"),
+        "X-Team": "billing",
+    }
+    for secret in (HOOK_SECRET, "sk_live_1", "hunter2"):
+        assert secret not in caplog.text
+    stored = await api.ledger.task_types_get("hook")
+    assert stored.settings["secret"] == HOOK_SECRET  # what signs is the secret itself
+
+
+async def test_a_task_type_read_edited_and_written_back_keeps_its_secret(api: Api) -> None:
+    hook = {"kind": "webhook", "settings": {"url": "https://example.com/h", "secret": HOOK_SECRET}}
+    await api.client.put("/v1/task-types/hook", json=hook, headers=api.admin)
+    read = (await api.client.get("/v1/task-types/hook", headers=api.admin)).json()
+    edited = {
+        key: read[key]
+        for key in ("kind", "settings", "timeout_s", "max_attempts", "allowed_tenants")
+    }
+    edited["timeout_s"] = 7
+    written = await api.client.put("/v1/task-types/hook", json=edited, headers=api.admin)
+    assert written.status_code == 200, written.text
+    stored = await api.ledger.task_types_get("hook")
+    assert (stored.timeout_s, stored.settings["secret"], stored.version) == (7, HOOK_SECRET, 2)
+    # A fingerprint of something never stored here is refused, and changes nothing.
+    forged = {**edited, "settings": {**edited["settings"], "secret": fingerprint(NEW_SECRET)}}
+    refused = await api.client.put("/v1/task-types/hook", json=forged, headers=api.admin)
+    assert "of no secret stored here" in assert_problem(refused, 422, "invalid-field")["detail"]
+    assert (await api.ledger.task_types_get("hook")).version == 2
+
+
+async def test_a_secret_rotation_signs_with_both_until_the_overlap_ends(api: Api) -> None:
+    hook = {"kind": "webhook", "settings": {"url": "https://example.com/h", "secret": HOOK_SECRET}}
+    await api.client.put("/v1/task-types/hook", json=hook, headers=api.admin)
+    now = await api.ledger.database_now()
+    rotated = await api.client.post(
+        "/v1/task-types/hook:rotate-secret",
+        json={"secret": NEW_SECRET, "overlap_s": 3600},
+        headers=api.admin,
+    )
+    assert rotated.status_code == 200, rotated.text
+    assert NEW_SECRET not in rotated.text
+    assert HOOK_SECRET not in rotated.text
+    shown = rotated.json()["settings"]
+    assert (shown["secret"], shown["previous_secret"]) == (
+        fingerprint(NEW_SECRET),
+        fingerprint(HOOK_SECRET),
+    )
+    stored = await api.ledger.task_types_get("hook")
+    assert (stored.settings["secret"], stored.settings["previous_secret"]) == (
+        NEW_SECRET,
+        HOOK_SECRET,
+    )
+    until = datetime.fromisoformat(stored.settings["previous_secret_until"])
+    # An hour from the ledger's clock when it rotated (Postgres's clock moves on meanwhile).
+    assert now + timedelta(hours=1) <= until < now + timedelta(hours=1, seconds=30)
+    # At once: the old secret stops signing now.
+    again = await api.client.post(
+        "/v1/task-types/hook:rotate-secret", json={"secret": HOOK_SECRET, "overlap_s": 0},
+        headers=api.admin,
+    )  # fmt: skip
+    assert "previous_secret" not in again.json()["settings"]
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "status"),
+    [
+        ("hook", {"secret": "short"}, 422),
+        ("hook", {"secret": NEW_SECRET, "overlap_s": -1}, 422),
+        ("hook", {"secret": NEW_SECRET, "overlap_s": 31 * 86400}, 422),
+        ("hook", {}, 422),
+        (TASK_TYPE, {"secret": NEW_SECRET}, 422),
+        ("missing", {"secret": NEW_SECRET}, 404),
+    ],
+)
+async def test_a_malformed_rotation_changes_nothing(
+    api: Api, name: str, body: dict[str, Any], status: int
+) -> None:
+    hook = {"kind": "webhook", "settings": {"url": "https://example.com/h", "secret": HOOK_SECRET}}
+    await api.client.put("/v1/task-types/hook", json=hook, headers=api.admin)
+    answer = await api.client.post(
+        f"/v1/task-types/{name}:rotate-secret", json=body, headers=api.admin
+    )
+    assert_problem(answer, status)
+    assert "short" not in answer.text
+    assert (await api.ledger.task_types_get("hook")).version == 1

@@ -1,16 +1,20 @@
 """Tenant isolation: a tenant token sees and changes only its own tenant's records.
 
 Two tenants, ``acme`` (A) and ``globex`` (B), each own a schedule, a queued execution and a
-dead letter. A's token gets 404 -- not 403, so it cannot tell B's ids from ids that do not
-exist -- on every route that names one of B's records, never sees B's rows in a listing,
-cannot create in B, and cannot replay B's dead letters; an admin token sees both.
+dead letter. A's token gets 404 -- not 403 -- on every route that names one of B's records,
+and that 404 is byte for byte the answer for an id that does not exist (status, headers and
+body, the id aside), so A cannot tell B's ids from missing ones by any route. A never sees
+B's rows in a listing, cannot create in B, and cannot replay B's dead letters; an admin token
+sees both. Creating under an id B holds is refused as taken (409), the one thing a single
+namespace of ids tells (docs/api.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
+import httpx
 import pytest
 
 from engine.api.app import endpoints
@@ -25,6 +29,8 @@ class World:
     schedule: dict[str, str]
     queued: dict[str, str]
     dead: dict[str, str]
+    other: str = B
+    """The tenant the cases name as "another tenant"."""
 
 
 async def build_world(api: Api) -> World:
@@ -43,7 +49,7 @@ RANGE = {"from": "2026-03-01T22:00:00Z", "to": "2026-03-01T23:00:00Z"}
 # (method, path with {schedule}/{queued}/{dead}/{tenant} of B filled in, body)
 FOREIGN_ID_CASES: list[tuple[str, str, Any]] = [
     ("GET", "/v1/schedules/{schedule}", None),
-    ("PUT", "/v1/schedules/{schedule}", SPEC),
+    ("PUT", "/v1/schedules/{schedule}", SPEC),  # taken: see TAKEN below
     ("PATCH", "/v1/schedules/{schedule}", {"payload": {"stolen": True}}),
     ("DELETE", "/v1/schedules/{schedule}", None),
     ("POST", "/v1/schedules/{schedule}:pause", {}),
@@ -69,13 +75,42 @@ def fill(value: Any, world: World) -> Any:
         "schedule": world.schedule[B],
         "queued": world.queued[B],
         "dead": world.dead[B],
-        "tenant": B,
+        "tenant": world.other,
     }
     if isinstance(value, str):
         return value.format(**names)
     if isinstance(value, dict):
         return {key: fill(item, world) for key, item in value.items()}
     return value
+
+
+TAKEN: Final = {("PUT", "/v1/schedules/{schedule}")}
+"""Cases that create under one of B's ids: refused as taken (409), which a missing id is
+not; every other case answers exactly as for a missing id."""
+
+
+def missing_like(world: World) -> World:
+    """``world`` with B's ids replaced by ids of the same length that do not exist."""
+
+    def absent(execution_id: str) -> str:
+        schedule, _, instant = execution_id.partition(":")
+        return "z" * len(schedule) + ":" + instant
+
+    return World(
+        {**world.schedule, B: "z" * len(world.schedule[B])},
+        {**world.queued, B: absent(world.queued[B])},
+        {**world.dead, B: absent(world.dead[B])},
+        "z" * len(B),
+    )
+
+
+def comparable(response: httpx.Response, ids: list[str]) -> tuple[int, list[Any], str]:
+    """What a response shows, with the ids asked for blanked and the Date header left out."""
+    body = response.text
+    for index, value in enumerate(ids):
+        body = body.replace(value, f"<id{index}>")
+    headers = sorted((k, v) for k, v in response.headers.items() if k.lower() != "date")
+    return response.status_code, headers, body
 
 
 def case_id(case: tuple[str, str, Any]) -> str:
@@ -102,7 +137,17 @@ async def check_case(api: Api, world: World, case: tuple[str, str, Any]) -> None
     response = await api.client.request(
         method, fill(path, world), json=fill(body, world), headers=api.tenant(A)
     )
-    assert_problem(response, 404, "not-found")
+    if (method, path) in TAKEN:
+        assert_problem(response, 409, "already-exists")
+    else:
+        assert_problem(response, 404, "not-found")
+        missing = missing_like(world)
+        absent = await api.client.request(
+            method, fill(path, missing), json=fill(body, missing), headers=api.tenant(A)
+        )
+        ids = [world.schedule[B], world.queued[B], world.dead[B], B]
+        absent_ids = [missing.schedule[B], missing.queued[B], missing.dead[B], "z" * len(B)]
+        assert comparable(response, ids) == comparable(absent, absent_ids), case
     # The same request for A's own records is not refused for who asked.
     own = await api.client.request(
         method,
@@ -203,3 +248,28 @@ async def test_admin_sees_and_changes_both_tenants(api: Api) -> None:
         assert detail.status_code == 200
     replayed = await api.client.post("/v1/dead-letters:replay", json={}, headers=api.admin)
     assert sorted(replayed.json()["replayed"]) == sorted(world.dead.values())
+
+
+async def test_another_tenants_task_type_answers_exactly_like_a_missing_one(api: Api) -> None:
+    """A task type owned by B, or shared with B only, cannot be named by A's schedules, and
+    A cannot tell it from one that does not exist: the refusal is the same, byte for byte."""
+    for name, grants in (("b-hook", {"tenant_id": B}), ("b-shared", {"allowed_tenants": [B]})):
+        put = await api.client.put(
+            f"/v1/task-types/{name}", json={"kind": "noop", **grants}, headers=api.admin
+        )
+        assert put.status_code == 200, put.text
+    answers = []
+    for name in ("b-hook", "b-shared", "z-hook", "zzshared"):
+        body = {**SPEC, "schedule_id": "mine", "task_type": name}
+        for method, path in (("POST", "/v1/schedules"), ("PUT", "/v1/schedules/mine")):
+            response = await api.client.request(method, path, json=body, headers=api.tenant(A))
+            answers.append(comparable(response, [name]))
+        batch = await api.client.post(
+            "/v1/schedules:batch", json={"schedules": [body]}, headers=api.tenant(A)
+        )
+        answers.append(comparable(batch, [name]))
+    assert (answers[:3], answers[3:6]) == (answers[6:9], answers[9:])  # names of equal length
+    assert answers[0][0] == 422
+    # B's own schedules may use them; A's schedule count is unchanged.
+    await api.create_schedule("b-user", tenant_id=B, task_type="b-hook")
+    assert await api.ledger.schedules_count(A) == 0

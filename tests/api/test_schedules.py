@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from engine.errors import NotFound
 from engine.ledger.base import SCHEDULE_DELETED, ExecutionsQuery
 from engine.model import PAYLOAD_BYTES_MAX, ExecutionStatus
 from tests.api.support import TASK_TYPE, Api, assert_problem, walk_pages
@@ -71,10 +72,32 @@ async def test_create_of_a_deleted_id_starts_a_new_incarnation(api: Api) -> None
     await api.create_schedule("phoenix")
     assert (await api.client.delete("/v1/schedules/phoenix", headers=api.admin)).status_code == 204
     again = await api.client.post(
-        "/v1/schedules", json=spec(schedule_id="phoenix"), headers=api.admin
+        "/v1/schedules", json=spec(schedule_id="phoenix", tenant_id="acme"), headers=api.admin
     )
     assert again.status_code == 201
     assert again.json()["version"] == 2  # one more than the deleted incarnation's last
+
+
+async def test_a_deleted_id_is_never_revived_into_another_tenant(api: Api) -> None:
+    """Ids are one namespace: a deleted id stays its tenant's, so another tenant can neither
+    take over its history (backfill, execution ids) nor tell it from a live one."""
+    await api.create_schedule("phoenix", tenant_id="globex")
+    assert (await api.client.delete("/v1/schedules/phoenix", headers=api.admin)).status_code == 204
+    await api.create_schedule("live-one", tenant_id="globex")
+    answers = []
+    for schedule_id in ("phoenix", "live-one"):
+        body = spec(schedule_id=schedule_id)
+        post = await api.client.post("/v1/schedules", json=body, headers=api.tenant("acme"))
+        put = await api.client.put(
+            f"/v1/schedules/{schedule_id}", json=spec(), headers=api.tenant("acme")
+        )
+        answers.append([(r.status_code, r.text.replace(schedule_id, "ID")) for r in (post, put)])
+    # A deleted id and a live one of another tenant answer alike: "taken", nothing more.
+    assert answers[0] == answers[1]
+    assert [status for status, _ in answers[0]] == [409, 409]
+    with pytest.raises(NotFound):
+        await api.ledger.schedules_get("phoenix")
+    assert (await api.ledger.schedules_get("live-one")).tenant_id == "globex"
 
 
 INVALID_SPECS = {

@@ -54,7 +54,9 @@ async def dead_letters(ledger: Ledger, letters: list[tuple[str, str, str]]) -> d
     """Dead-letter one execution of each (schedule, tenant, task type); returns the execution
     id by schedule id. Each is planned a second apart, in list order, a minute ago."""
     for name in sorted({task_type for _, _, task_type in letters}):
-        await ledger.task_types_put(TaskTypesPut(TaskType(name=name, kind=HandlerKind.NOOP)))
+        await ledger.task_types_put(
+            TaskTypesPut(TaskType(name=name, kind=HandlerKind.NOOP, allowed_tenants=("*",)))
+        )
     created = await ledger.schedules_create(
         SchedulesCreate(
             [Schedule(schedule_id=s, tenant_id=t, cron_expr="* * * * *", task_type=k)

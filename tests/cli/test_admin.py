@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from engine.core.redaction import fingerprint
 from engine.ledger.base import LeasesAcquire, SchedulesCreate, SchedulesDelete
 from engine.model import HandlerKind, OverlapPolicy, Schedule, TaskType
 from tests.cli.conftest import Api
@@ -22,7 +23,7 @@ async def test_task_type_set_creates_then_replaces_a_webhook_and_never_prints_it
     result = await cli(*hook, "--secret", SECRET, "--max-concurrency", "4")
     assert (result.code, result.err) == (0, "")
     assert result.out.startswith("created task type 'billing' (version 1)\n")
-    assert "  secret: ***\n" in result.out
+    assert f"  secret: {fingerprint(SECRET)}\n" in result.out
     result = await cli(*hook, "--secret", SECRET, "--timeout", "5")
     assert result.out.startswith("updated task type 'billing' (version 2)\n")
     assert "max_concurrency: none" in result.out  # set is the whole definition
@@ -33,9 +34,12 @@ async def test_task_type_set_creates_then_replaces_a_webhook_and_never_prints_it
         result = await cli("task-type", *command)
         assert result.code == 0
         assert SECRET not in result.out
-        assert "***" in result.out
+        assert fingerprint(SECRET) in result.out
     listed = {t["name"]: t for t in json.loads(result.out)}
-    assert listed["billing"]["settings"] == {"secret": "***", "url": "https://example.com/h"}
+    assert listed["billing"]["settings"] == {
+        "secret": fingerprint(SECRET),
+        "url": "https://example.com/h",
+    }
     assert (listed["billing"]["kind"], listed["billing"]["version"]) == ("webhook", 2)
 
 
@@ -68,18 +72,23 @@ async def test_task_type_kinds_store_their_settings_and_the_limits(api: Api, cli
         backoff_base_s=0.5,
         backoff_max_s=20.0,
         overlap=OverlapPolicy.BUFFER_ONE,
+        allowed_tenants=("default",),  # not given: the default tenant only
         updated_at=encode.updated_at,
         version=1,
     )
     result = await cli("task-type", "show", "backup")
-    assert '  env: {"API_TOKEN": "***", "MODE": "full"}' in result.out
+    shown = {"API_TOKEN": fingerprint("t0k3n"), "MODE": fingerprint("full")}
+    assert f"  env: {json.dumps(shown)}" in result.out  # every value of env is a secret
     result = await cli("task-type", "list")
     lines = result.out.splitlines()
     assert lines[0].split() == [
-        "NAME", "KIND", "TIMEOUT_S", "MAX_CONC", "CLUSTER_CONC", "ATTEMPTS", "OVERLAP", "VER"
+        "NAME", "KIND", "TIMEOUT_S", "MAX_CONC", "CLUSTER_CONC", "ATTEMPTS", "OVERLAP", "VER",
+        "TENANTS",
     ]  # fmt: skip
     assert [line.split()[0] for line in lines[1:]] == ["backup", "encode", "nap", "noop"]
-    assert lines[2].split() == ["encode", "python", "2.5", "3", "30", "7", "buffer_one", "1"]
+    assert lines[2].split() == [
+        "encode", "python", "2.5", "3", "30", "7", "buffer_one", "1", "default"
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -95,8 +104,12 @@ async def test_task_type_kinds_store_their_settings_and_the_limits(api: Api, cli
         (["set", "bad name", "--kind", "noop"], "task type 'bad name' is invalid"),
         (["set", "x", "--kind", "webhook", "--url", "https://e.com", "--secret", "short"],
          "secret"),
-        (["set", "x", "--kind", "python", "--callable", "no_such_module_xyz:run"],
-         "cannot import"),
+        (["set", "x", "--kind", "python", "--callable", "no_such_module_xyz.run"],
+         "must look like 'package.module:function'"),
+        (["set", "x", "--kind", "shell", "--argv", '["true"]', "--allow", "*"],
+         "granted to tenants by name only"),
+        (["set", "x", "--kind", "noop", "--tenant", "acme", "--allow", "acme"],
+         "not allowed with argument"),
     ],
 )  # fmt: skip
 async def test_task_type_bad_input_exits_2_with_one_line_and_stores_nothing(
@@ -110,13 +123,32 @@ async def test_task_type_bad_input_exits_2_with_one_line_and_stores_nothing(
     assert [t.name for t in await api.ledger.task_types_list()] == ["noop"]
 
 
+async def test_task_type_owner_and_grants_decide_which_tenants_may_use_it(
+    api: Api, cli: Cli
+) -> None:
+    result = await cli("task-type", "set", "mine", "--kind", "noop", "--tenant", "acme")
+    assert (result.code, result.err) == (0, "")
+    assert "used by: tenant acme (its owner) only\n" in result.out
+    result = await cli(
+        "task-type", "set", "hook", "--kind", "webhook", "--url", "https://example.com/h",
+        "--allow", "globex", "--allow", "acme",
+    )  # fmt: skip
+    assert "used by: acme, globex\n" in result.out
+    hook = await api.ledger.task_types_get("hook")
+    assert (hook.tenant_id, hook.allowed_tenants) == (None, ("acme", "globex"))
+    result = await cli("task-type", "set", "any", "--kind", "noop", "--allow", "*")
+    assert "used by: every tenant\n" in result.out
+    listed = (await cli("task-type", "list")).out.splitlines()
+    assert [line.split()[-1] for line in listed[1:]] == ["*", "acme,globex", "acme(owner)", "*"]
+
+
 async def test_task_type_delete_refuses_one_in_use_then_deletes_it(api: Api, cli: Cli) -> None:
-    await cli("task-type", "set", "report", "--kind", "noop")
+    await cli("task-type", "set", "report", "--kind", "noop", "--allow", "acme")
     weekly = Schedule(schedule_id="weekly", tenant_id="acme", cron_expr="@weekly",
                       task_type="report")  # fmt: skip
     await api.ledger.schedules_create(SchedulesCreate([weekly]))
     result = await cli("task-type", "delete", "report")
-    assert (result.code, result.out) == (2, "")
+    assert (result.code, result.out) == (1, "")  # refused by the state, not the command line
     assert result.err == (
         "carillon: error: task type 'report' is still used by 1 schedule (weekly); delete them "
         "or move them to another task type first\n"
@@ -238,3 +270,23 @@ async def test_without_an_action_the_usage_is_shown(cli: Cli) -> None:
         result = await cli(command)
         assert (result.code, result.out) == (2, "")
         assert "ACTION" in result.err
+
+
+async def test_rotate_secret_signs_with_both_for_the_overlap_and_never_prints_them(
+    api: Api, cli: Cli
+) -> None:
+    hook = ["task-type", "set", "billing", "--kind", "webhook", "--url", "https://example.com/h"]
+    await cli(*hook, "--secret", SECRET)
+    new = "whsec_" + base64.b64encode(b"another-key-material-of-32-byte!").decode()
+    result = await cli("task-type", "rotate-secret", "billing", "--secret", new, "--overlap", "60")
+    assert (result.code, result.err) == (0, "")
+    assert result.out.startswith("rotated the secret of task type 'billing' (signing with the old")
+    assert f"  previous_secret: {fingerprint(SECRET)}\n" in result.out
+    assert "  previous_secret_until: 2026-01-01T12:01:00Z\n" in result.out
+    assert SECRET not in result.out
+    assert new not in result.out
+    stored = await api.ledger.task_types_get("billing")
+    assert (stored.settings["secret"], stored.settings["previous_secret"]) == (new, SECRET)
+    result = await cli("task-type", "rotate-secret", "billing", "--secret", "short")
+    assert (result.code, result.out) == (2, "")
+    assert "short" not in result.err

@@ -88,11 +88,12 @@ def _schedules() -> list[Schedule]:
 
 async def _catalog(ledger: Ledger) -> None:
     for task_type in (
-        TaskType(name="noop", kind=HandlerKind.NOOP),
-        TaskType(name="report", kind=HandlerKind.NOOP, max_attempts=3),
+        TaskType(name="noop", kind=HandlerKind.NOOP, allowed_tenants=("*",)),
+        TaskType(name="report", kind=HandlerKind.NOOP, allowed_tenants=("*",), max_attempts=3),
         TaskType(
             name="invoice-webhook",
             kind=HandlerKind.WEBHOOK,
+            allowed_tenants=("*",),
             settings={"url": "https://billing.example/hook", "secret": WEBHOOK_SECRET},
         ),
     ):

@@ -112,6 +112,7 @@ async def test_no_page_shows_a_task_types_settings(console: Console) -> None:
     hook = TaskType(
         name="hook",
         kind=HandlerKind.WEBHOOK,
+        allowed_tenants=("*",),
         settings={"url": "https://hooks.example/x", "secret": secret},
     )
     await api.ledger.task_types_put(TaskTypesPut(hook))

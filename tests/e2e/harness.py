@@ -152,6 +152,7 @@ async def create_hook(
             TaskType(
                 name="hook",
                 kind=HandlerKind.WEBHOOK,
+                allowed_tenants=("*",),
                 settings={"url": url, "secret": SECRET, "timeout_s": 5},
                 **limits,
             )

@@ -79,6 +79,57 @@ async def test_signs_with_standard_webhooks_verifiable_by_the_receiver(sink: Sin
     )
 
 
+OLD_KEY = bytes(range(100, 132))
+OLD_SECRET = "whsec_" + base64.b64encode(OLD_KEY).decode()
+
+
+@pytest.mark.parametrize(
+    ("until", "keys"),
+    [(WALL_NOW + timedelta(seconds=1), [KEY, OLD_KEY]), (WALL_NOW, [KEY])],
+    ids=["within the overlap", "after it"],
+)
+async def test_a_rotated_secret_signs_beside_the_new_one_until_its_overlap_ends(
+    sink: Sink, until: object, keys: list[bytes]
+) -> None:
+    handler = webhook(
+        sink.url(),
+        secret=SECRET,
+        previous_secret=OLD_SECRET,
+        previous_secret_until=until.isoformat(),  # type: ignore[attr-defined]
+    )
+    assert await handler.run(make_context()) == HandlerResult.succeeded()
+    [request] = sink.requests
+    headers = request.headers
+    content = f"{headers['webhook-id']}.{headers['webhook-timestamp']}.".encode() + request.body
+    # What a receiver does: any one of the space-separated signatures verifies.
+    wanted = [
+        "v1," + base64.b64encode(hmac.new(key, content, hashlib.sha256).digest()).decode()
+        for key in keys
+    ]
+    assert headers["webhook-signature"].split(" ") == wanted
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"previous_secret": OLD_SECRET}, "go together"),
+        ({"previous_secret_until": "2026-03-09T00:00:00Z"}, "go together"),
+        ({"previous_secret": OLD_SECRET, "previous_secret_until": "soon"}, "RFC 3339"),
+        ({"previous_secret": OLD_SECRET, "previous_secret_until": "2026-03-09T00:00:00"}, "UTC"),
+        ({"previous_secret": "short", "previous_secret_until": "2026-03-09T00:00:00Z"}, "secret"),
+    ],
+)
+def test_a_malformed_rotation_is_refused(settings: dict[str, str], message: str) -> None:
+    with pytest.raises(InvalidField, match=message):
+        webhook("https://example.com/h", secret=SECRET, **settings)
+    with pytest.raises(InvalidField, match="needs a secret"):
+        webhook(
+            "https://example.com/h",
+            previous_secret=OLD_SECRET,
+            previous_secret_until="2026-03-09T00:00:00Z",
+        )
+
+
 async def test_idempotency_headers_are_stable_across_attempts(sink: Sink) -> None:
     handler = webhook(sink.url(), secret=SECRET)
     await handler.run(make_context(attempt=1))

@@ -31,7 +31,7 @@ from engine.testing import ManualClock
 
 PARTITIONS = 8
 START = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-NOOP = TaskType(name="noop", kind=HandlerKind.NOOP)
+NOOP = TaskType(name="noop", kind=HandlerKind.NOOP, allowed_tenants=("*",))
 """The task type the suites' schedules name."""
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Awaitable
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import msgspec
 import pytest
@@ -406,6 +407,8 @@ def webhook_type(name: str = "billing-hook", **overrides: object) -> TaskType:
             "secret": "whsec_c2VjcmV0",
             "headers": {"X-Team": "billing"},
         },
+        # Shared with the tenants the suite uses, unless a test gives it an owner.
+        "allowed_tenants": None if "tenant_id" in overrides else ("acme", "globex"),
     }
     fields.update(overrides)
     return TaskType(**fields)  # type: ignore[arg-type]
@@ -503,7 +506,7 @@ async def test_schedules_naming_an_unknown_task_type_are_refused_at_creation(
         )
     with pytest.raises(NotFound):
         await backend.ledger.schedules_get("known")  # all or nothing
-    with pytest.raises(InvalidField, match=r"unknown task types 'a', 'b'"):
+    with pytest.raises(InvalidField, match=r"unknown task types 'a' for tenant 'acme', 'b' for"):
         await backend.ledger.schedules_create(
             SchedulesCreate([schedule("x", task_type="b"), schedule("y", task_type="a")])
         )
@@ -514,6 +517,145 @@ async def test_schedules_naming_an_unknown_task_type_are_refused_at_creation(
         )
     assert await backend.ledger.schedules_get("known") == created
     assert await backend.ledger.schedule_changes_head() == 1
+
+
+async def test_a_schedule_names_only_task_types_its_tenant_may_use(backend: Backend) -> None:
+    ledger = backend.ledger
+    await ledger.task_types_put(TaskTypesPut(webhook_type("acme-hook", tenant_id="acme")))
+    await ledger.task_types_put(TaskTypesPut(webhook_type("shared", allowed_tenants=("acme",))))
+    await ledger.task_types_put(TaskTypesPut(webhook_type("plain", allowed_tenants=None)))
+    own = await ledger.schedules_create(
+        SchedulesCreate(
+            [
+                schedule("a1", task_type="acme-hook"),
+                schedule("a2", task_type="shared"),
+                schedule("d1", task_type="plain", tenant_id="default"),
+            ]
+        )
+    )
+    assert [s.schedule_id for s in own] == ["a1", "a2", "d1"]
+    # Another tenant's task type reads exactly like one that does not exist.
+    refusals = []
+    for name in ("acme-hook", "shared", "plain", "nope"):
+        with pytest.raises(InvalidField) as refused:
+            await ledger.schedules_create(
+                SchedulesCreate([schedule("g1", tenant_id="globex", task_type=name)])
+            )
+        refusals.append(str(refused.value).replace(name, "NAME"))
+    assert len(set(refusals)) == 1, refusals
+    assert "unknown task type 'NAME' for tenant 'globex'" in refusals[0]
+    # Nor can a schedule be moved onto one.
+    [g1] = await ledger.schedules_create(SchedulesCreate([schedule("g1", tenant_id="globex")]))
+    with pytest.raises(InvalidField, match="unknown task type 'acme-hook' for tenant 'globex'"):
+        await ledger.schedules_update(
+            SchedulesUpdate(schedule("g1", tenant_id="globex", task_type="acme-hook"), 1)
+        )
+    assert await ledger.schedules_get("g1") == g1
+
+
+async def test_shared_task_types_are_granted_by_name_or_to_every_tenant(backend: Backend) -> None:
+    stored = await backend.ledger.task_types_put(
+        TaskTypesPut(webhook_type("hook", allowed_tenants=["globex", "acme", "acme"]))
+    )
+    assert (stored.tenant_id, stored.allowed_tenants) == (None, ("acme", "globex"))
+    assert [stored.usable_by(t) for t in ("acme", "globex", "initech")] == [True, True, False]
+    everyone = await backend.ledger.task_types_put(
+        TaskTypesPut(webhook_type("hook", allowed_tenants=("*",)))
+    )
+    assert everyone.usable_by("initech")
+    # Not given: the default tenant only, what a one-tenant installation needs.
+    plain = await backend.ledger.task_types_put(TaskTypesPut(webhook_type("plain")))
+    assert plain.allowed_tenants == ("acme", "globex")  # webhook_type's own grants
+    bare = await backend.ledger.task_types_put(
+        TaskTypesPut(TaskType(name="bare", kind=HandlerKind.NOOP))
+    )
+    assert bare.allowed_tenants == ("default",)
+    owned = await backend.ledger.task_types_put(
+        TaskTypesPut(TaskType(name="mine", kind=HandlerKind.NOOP, tenant_id="acme"))
+    )
+    assert (owned.tenant_id, owned.allowed_tenants) == ("acme", ())
+    assert await backend.ledger.task_types_get("mine") == owned
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"kind": HandlerKind.SHELL, "settings": {"argv": ["true"]}, "allowed_tenants": ("*",)},
+            "granted to tenants by name only",
+        ),
+        (
+            {
+                "kind": HandlerKind.PYTHON,
+                "settings": {"callable": "m:f"},
+                "allowed_tenants": ("*",),
+            },
+            "granted to tenants by name only",
+        ),
+        ({"tenant_id": "acme", "allowed_tenants": ("globex",)}, "usable by that tenant only"),
+        ({"allowed_tenants": ("has space",)}, "allowed_tenants entry 'has space' is invalid"),
+        ({"allowed_tenants": "acme"}, "must be a list of tenant ids"),
+        ({"tenant_id": ""}, "tenant_id '' is invalid"),
+        ({"allowed_tenants": tuple(f"t{n}" for n in range(1001))}, "at most 1000"),
+    ],
+)
+async def test_malformed_grants_are_refused_and_change_nothing(
+    backend: Backend, fields: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidField, match=message):
+        await backend.ledger.task_types_put(TaskTypesPut(webhook_type("hook", **fields)))
+    with pytest.raises(NotFound):
+        await backend.ledger.task_types_get("hook")
+
+
+async def test_a_grant_cannot_be_withdrawn_from_tenants_with_live_schedules(
+    backend: Backend,
+) -> None:
+    ledger = backend.ledger
+    await ledger.task_types_put(TaskTypesPut(webhook_type("hook", allowed_tenants=("*",))))
+    await ledger.schedules_create(
+        SchedulesCreate(
+            [
+                schedule("a1", task_type="hook"),
+                schedule("a2", task_type="hook"),
+                schedule("g1", task_type="hook", tenant_id="globex"),
+            ]
+        )
+    )
+    for narrower in (("globex",), ("initech",)):
+        with pytest.raises(InvalidField, match=r"no longer be available to: 'acme' \(2\)"):
+            await ledger.task_types_put(
+                TaskTypesPut(webhook_type("hook", allowed_tenants=narrower))
+            )
+    with pytest.raises(InvalidField, match=r"'acme' \(2\), 'globex' \(1\)"):
+        await ledger.task_types_put(TaskTypesPut(webhook_type("hook", tenant_id="initech")))
+    assert (await ledger.task_types_get("hook")).version == 1
+    # Granting more, or keeping every user, is a plain change; deleted schedules hold nothing.
+    kept = await ledger.task_types_put(
+        TaskTypesPut(webhook_type("hook", allowed_tenants=("acme", "globex")))
+    )
+    assert kept.version == 2
+    await ledger.schedules_delete(SchedulesDelete("g1"))
+    owned = await ledger.task_types_put(TaskTypesPut(webhook_type("hook", tenant_id="acme")))
+    assert (owned.version, owned.tenant_id) == (3, "acme")
+    # A stale version is reported as such, before who uses it is looked at.
+    with pytest.raises(VersionConflict):
+        await ledger.task_types_put(
+            TaskTypesPut(webhook_type("hook", tenant_id="globex"), expected_version=1)
+        )
+
+
+async def test_a_deleted_id_is_revived_only_for_its_own_tenant(backend: Backend) -> None:
+    ledger = backend.ledger
+    await ledger.schedules_create(SchedulesCreate([schedule("once", tenant_id="globex")]))
+    await ledger.schedules_delete(SchedulesDelete("once"))
+    with pytest.raises(AlreadyExists) as taken:
+        await ledger.schedules_create(SchedulesCreate([schedule("once", tenant_id="acme")]))
+    assert taken.value.ids == ("once",)
+    with pytest.raises(NotFound):
+        await ledger.schedules_get("once")
+    [again] = await ledger.schedules_create(SchedulesCreate([schedule("once", tenant_id="globex")]))
+    assert (again.tenant_id, again.version) == ("globex", 2)
 
 
 async def test_a_task_type_cannot_be_deleted_while_live_schedules_name_it(
@@ -1046,7 +1188,9 @@ async def test_skip_ends_only_unstarted_executions_fenced_and_idempotently(
 
 
 async def test_queries_filter_by_task_type_and_finished_since(backend: Backend) -> None:
-    await backend.ledger.task_types_put(TaskTypesPut(TaskType(name="other", kind=HandlerKind.NOOP)))
+    await backend.ledger.task_types_put(
+        TaskTypesPut(TaskType(name="other", kind=HandlerKind.NOOP, allowed_tenants=("*",)))
+    )
     sids = ids_in_partition(4, 3, prefix="ft")
     kinds = ["noop", "other", "other"]
     await backend.ledger.schedules_create(
@@ -1424,7 +1568,9 @@ async def test_a_replay_with_a_malformed_actor_or_reason_changes_nothing(
 
 
 async def test_a_cluster_cap_starts_at_most_that_many_of_a_task_type(backend: Backend) -> None:
-    capped = TaskType(name="capped", kind=HandlerKind.NOOP, max_concurrency_cluster=2)
+    capped = TaskType(
+        name="capped", kind=HandlerKind.NOOP, allowed_tenants=("*",), max_concurrency_cluster=2
+    )
     await backend.ledger.task_types_put(TaskTypesPut(capped))
     mine = ids_in_partition(2, 5, prefix="cap")
     [theirs] = ids_in_partition(3, 1, prefix="cap")

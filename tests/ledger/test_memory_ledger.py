@@ -49,7 +49,9 @@ def schedule(schedule_id: str) -> Schedule:
 
 async def put_task_type(ledger: MemoryLedger) -> None:
     """Store the task type ``t`` that :func:`schedule` names."""
-    await ledger.task_types_put(TaskTypesPut(TaskType(name="t", kind=HandlerKind.NOOP)))
+    await ledger.task_types_put(
+        TaskTypesPut(TaskType(name="t", kind=HandlerKind.NOOP, allowed_tenants=("*",)))
+    )
 
 
 async def test_it_satisfies_the_ledger_protocol_and_starts_with_free_leases() -> None:

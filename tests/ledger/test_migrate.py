@@ -149,6 +149,64 @@ async def test_version_4_keeps_the_data_of_a_version_3_database(fresh_url: str) 
         )
 
 
+async def test_version_6_keeps_each_task_type_usable_by_the_tenants_using_it(
+    fresh_url: str,
+) -> None:
+    """Before version 6 every tenant could name every task type. After it, each existing
+    task type is granted to the tenants whose live schedules or unfinished runs name it, and
+    to the default tenant; finished runs and deleted schedules grant nothing."""
+    await apply_by_hand(fresh_url, 5)
+    for name, kind in (("hook", "webhook"), ("sh", "shell"), ("idle", "noop")):
+        await sql(
+            fresh_url,
+            "INSERT INTO task_types (name, kind, updated_at, version) VALUES ($1, $2, now(), 1)",
+            name,
+            kind,
+        )
+    schedules = [("a1", "acme", "hook", "NULL"), ("g1", "globex", "hook", "now()")]
+    schedules += [("i1", "initech", "sh", "NULL")]
+    for schedule_id, tenant, task_type, deleted_at in schedules:
+        await sql(
+            fresh_url,
+            "INSERT INTO schedules (schedule_id, tenant_id, cron_expr, timezone, task_type, "
+            "enabled, created_at, updated_at, version, partition_id, catch_up, "
+            "catch_up_window_s, dst_gap, dst_overlap, deleted_at) VALUES ($1, $2, '* * * * *', "
+            f"'UTC', $3, true, now(), now(), 1, 0, 'none', 0, 'auto', 'auto', {deleted_at})",
+            schedule_id,
+            tenant,
+            task_type,
+        )
+    runs = [("u1", "umbrella", "sh", "dead-letter"), ("q1", "hooli", "hook", "queued")]
+    runs += [("r1", "stark", "hook", "failed"), ("s1", "wayne", "idle", "succeeded")]
+    for schedule_id, tenant, task_type, status in runs:
+        await sql(
+            fresh_url,
+            "INSERT INTO executions (execution_id, schedule_id, tenant_id, task_type, "
+            "partition_id, planned_at, status, enqueued_at) "
+            "VALUES ($1 || ':x', $1, $2, $3, 0, now(), $4, now())",
+            schedule_id,
+            tenant,
+            task_type,
+            status,
+        )
+
+    report = await migrate_database(fresh_url, partitions=4)
+
+    assert [m.name for m in report.applied] == [name for version, name in KNOWN if version > 5]
+    grants = await sql(
+        fresh_url, "SELECT name, tenant_id, allowed_tenants FROM task_types ORDER BY name"
+    )
+    assert [(row[0], row[1], row[2]) for row in grants] == [
+        ("hook", None, ["acme", "default", "hooli", "stark"]),
+        ("idle", None, ["default"]),
+        ("sh", None, ["default", "initech", "umbrella"]),
+    ]
+    with pytest.raises(asyncpg.CheckViolationError, match="code_kinds_granted_by_name"):
+        await sql(fresh_url, "UPDATE task_types SET allowed_tenants = '{*}' WHERE name = 'sh'")
+    with pytest.raises(asyncpg.CheckViolationError, match="owned_or_shared"):
+        await sql(fresh_url, "UPDATE task_types SET tenant_id = 'acme' WHERE name = 'idle'")
+
+
 async def test_a_single_partition_cluster_is_allowed(fresh_url: str) -> None:
     report = await migrate_database(fresh_url, partitions=1)
 

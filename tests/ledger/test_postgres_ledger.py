@@ -485,7 +485,12 @@ async def two_nodes(
     partitions 0 and 1, each with ``per_partition`` startable executions of the task type
     ``capped`` (cluster cap :data:`CAP`): (ledger, fence, execution ids) per node."""
     async with open_postgres_ledger(url) as first, open_postgres_ledger(url) as second:
-        capped = TaskType(name="capped", kind=HandlerKind.NOOP, max_concurrency_cluster=CAP)
+        capped = TaskType(
+            name="capped",
+            kind=HandlerKind.NOOP,
+            allowed_tenants=("*",),
+            max_concurrency_cluster=CAP,
+        )
         await first.task_types_put(TaskTypesPut(capped))
         at = (await first.database_now()).replace(microsecond=0) - timedelta(seconds=1)
         nodes = []

@@ -55,7 +55,9 @@ async def _ids(ledger: MemoryLedger) -> list[str]:
 async def test_a_replica_is_a_copy_that_neither_side_writes_through() -> None:
     clock = ManualClock(T0)
     primary = MemoryLedger(clock=clock, partition_count=2, active_region="a")
-    await primary.task_types_put(TaskTypesPut(TaskType(name="t", kind=HandlerKind.NOOP)))
+    await primary.task_types_put(
+        TaskTypesPut(TaskType(name="t", kind=HandlerKind.NOOP, allowed_tenants=("*",)))
+    )
     await primary.schedules_create(SchedulesCreate([_schedule("s1")]))
     [lease] = await primary.leases_acquire(LeasesAcquire("n1", [0], 30.0, "a"))
     replica = replica_of(primary)
@@ -82,7 +84,9 @@ async def test_a_replica_feed_wakes_only_its_own_waiters(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     primary = MemoryLedger(clock=ManualClock(T0), partition_count=1)
-    await primary.task_types_put(TaskTypesPut(TaskType(name="t", kind=HandlerKind.NOOP)))
+    await primary.task_types_put(
+        TaskTypesPut(TaskType(name="t", kind=HandlerKind.NOOP, allowed_tenants=("*",)))
+    )
     woken: list[bool] = []
     async with trio.open_nursery() as nursery:
 

@@ -13,8 +13,9 @@ from typing import Any, NoReturn
 
 import asyncpg
 
-from engine.errors import InvalidField, NotFound, VersionConflict
+from engine.errors import InUse, NotFound, VersionConflict
 from engine.ledger.base import IN_USE_SHOWN_MAX, TaskTypesPut, TenantsPut, task_type_in_use
+from engine.ledger.common import lost_users, task_type_grant_in_use, task_type_runs_in_use
 from engine.ledger.postgres import sql
 from engine.ledger.postgres.rows import task_type_from_row, tenant_from_row
 from engine.ledger.postgres.store import Store
@@ -24,7 +25,18 @@ from engine.model import TaskType, Tenant, validate_task_type, validate_tenant
 async def task_types_put(store: Store, params: TaskTypesPut) -> TaskType:
     task_type = validate_task_type(params.task_type)
     overlap = None if task_type.overlap is None else str(task_type.overlap)
-    async with store.connection() as connection:
+    async with store.transaction() as connection:
+        current = await connection.fetchrow(sql.TASK_TYPE_LOCK_FOR_CHANGE, task_type.name)
+        version = None if current is None else current["version"]
+        if params.expected_version is not None and params.expected_version != (version or 0):
+            _raise_conflict("task type", task_type.name, version, params.expected_version)
+        if current is not None and lost_users(task_type_from_row(current), task_type):
+            keeps = [task_type.tenant_id] if task_type.tenant_id is not None else []
+            keeps += list(task_type.allowed_tenants or ())
+            lost = await connection.fetch(sql.TASK_TYPE_TENANT_USERS, task_type.name, keeps)
+            if lost:
+                pairs = [(row["tenant_id"], row["live"]) for row in lost]
+                raise task_type_grant_in_use(task_type.name, pairs)
         row = await connection.fetchrow(
             sql.TASK_TYPE_PUT,
             task_type.name,
@@ -38,10 +50,11 @@ async def task_types_put(store: Store, params: TaskTypesPut) -> TaskType:
             task_type.backoff_max_s,
             overlap,
             params.expected_version,
+            task_type.tenant_id,
+            list(task_type.allowed_tenants or ()),
         )
-        if row is None:
-            current = await connection.fetchval(sql.TASK_TYPE_VERSION, task_type.name)
-            _raise_conflict("task type", task_type.name, current, params.expected_version)
+        if row is None:  # pragma: no cover - the lock rules it out
+            _raise_conflict("task type", task_type.name, version, params.expected_version)
     return task_type_from_row(row)
 
 
@@ -68,10 +81,13 @@ async def task_types_delete(store: Store, name: str) -> TaskType:
         if users:
             ids = [row["schedule_id"] for row in users]
             raise task_type_in_use(name, users[0]["total"], ids)
+        runs = await connection.fetch(sql.TASK_TYPE_UNFINISHED_RUNS, name)
+        if runs:
+            raise task_type_runs_in_use(name, {row["status"]: row["runs"] for row in runs})
         try:
             row = await connection.fetchrow(sql.TASK_TYPE_DELETE, name)
         except asyncpg.ForeignKeyViolationError:  # pragma: no cover - the lock rules it out
-            raise InvalidField(
+            raise InUse(
                 f"task type {name!r} is still used by a live schedule; delete it or move it "
                 "to another task type first"
             ) from None

@@ -187,6 +187,8 @@ def task_type_from_row(row: Row) -> TaskType:
         backoff_base_s=row["backoff_base_s"],
         backoff_max_s=row["backoff_max_s"],
         overlap=None if overlap is None else OverlapPolicy(overlap),
+        tenant_id=row["tenant_id"],
+        allowed_tenants=tuple(row["allowed_tenants"]),
         updated_at=row["updated_at"],
         version=row["version"],
     )

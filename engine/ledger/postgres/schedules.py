@@ -51,6 +51,7 @@ from engine.ledger.base import (
 from engine.ledger.common import (
     check_id_prefix,
     quota_exceeded,
+    unusable_task_types,
 )
 from engine.ledger.postgres import sql, sql_api
 from engine.ledger.postgres.rows import (
@@ -61,7 +62,14 @@ from engine.ledger.postgres.rows import (
     schedule_from_row,
 )
 from engine.ledger.postgres.store import Store
-from engine.model import CatchUpPolicy, Schedule, check_payload_size, validate_identifier
+from engine.model import (
+    CatchUpPolicy,
+    HandlerKind,
+    Schedule,
+    TaskType,
+    check_payload_size,
+    validate_identifier,
+)
 
 _CODE_POINT_MAX: Final = "\U0010ffff"
 
@@ -80,7 +88,8 @@ async def schedules_create(store: Store, params: SchedulesCreate) -> list[Schedu
     partitions = [partition_of(i, store.partition_count) for i in ids]
     async with store.transaction() as connection:
         await _lock_task_types(connection, schedules)
-        existing = await connection.fetch(sql.SCHEDULES_LIVE_IDS, ids)
+        tenants = [schedule.tenant_id for schedule in schedules]
+        existing = await connection.fetch(sql.SCHEDULES_TAKEN_IDS, ids, tenants)
         if existing:
             _raise_exists([row["schedule_id"] for row in existing])
         await _require_quotas(connection, schedules)
@@ -310,10 +319,18 @@ async def _require_quotas(connection: asyncpg.Connection, schedules: list[Schedu
 
 async def _lock_task_types(connection: asyncpg.Connection, schedules: list[Schedule]) -> None:
     """Key-share-lock the task types the schedules name; ``InvalidField`` naming any that
-    does not exist."""
+    does not exist or that the schedule's tenant may not use."""
     names = sorted({schedule.task_type for schedule in schedules})
-    found = {row["name"] for row in await connection.fetch(sql.TASK_TYPES_LOCK, names)}
-    unknown = [name for name in names if name not in found]
+    found = {
+        row["name"]: TaskType(
+            name=row["name"],
+            kind=HandlerKind.NOOP,  # only who may use it is read here
+            tenant_id=row["tenant_id"],
+            allowed_tenants=tuple(row["allowed_tenants"]),
+        )
+        for row in await connection.fetch(sql.TASK_TYPES_LOCK, names)
+    }
+    unknown = unusable_task_types(schedules, found)
     if unknown:
         raise unknown_task_types(unknown)
 

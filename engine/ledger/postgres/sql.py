@@ -71,20 +71,41 @@ row's writer in turn, and under a burst it came back more than a trust window la
 # name (TASK_TYPES_LOCK, the lock the foreign key itself takes), so that a missing one is
 # reported by name; a delete locks its row for update and only then counts the schedules
 # using it (TASK_TYPE_USERS), so a create either commits first and is counted, or waits and
-# finds the task type gone. Replacing a task type's fields takes a no-key lock, which does
-# not conflict with schedule writers.
+# finds the task type gone. The same holds for who may use a task type: a schedule writer
+# checks its tenant against the grants it read under the key-share lock, and a replacement
+# locks the row for update first (TASK_TYPE_LOCK_FOR_CHANGE), so a change that takes the task
+# type away from a tenant counts that tenant's schedules only after every writer that read
+# the old grants has committed.
 
 TASK_TYPES_LOCK: Final = """
-SELECT name FROM task_types WHERE name = ANY($1::text[]) ORDER BY name FOR KEY SHARE
+SELECT name, tenant_id, allowed_tenants FROM task_types WHERE name = ANY($1::text[])
+ORDER BY name FOR KEY SHARE
 """
+"""The task types schedules name, key-share locked, with who may use them."""
+
+TASK_TYPE_LOCK_FOR_CHANGE: Final = f"""
+SELECT {TASK_TYPE_COLUMNS} FROM task_types WHERE name = $1 FOR UPDATE
+"""
+"""A task type about to be replaced, locked against schedule writers: a change that takes it
+away from some tenants counts their live schedules in a later statement, which sees every
+schedule committed while this lock waited (as :data:`TASK_TYPE_LOCK_FOR_DELETE`)."""
+
+TASK_TYPE_TENANT_USERS: Final = """
+SELECT tenant_id, count(*) AS live FROM schedules
+WHERE task_type = $1 AND deleted_at IS NULL AND NOT (tenant_id = ANY($2::text[]))
+GROUP BY tenant_id ORDER BY tenant_id
+"""
+"""Per tenant not in ``$2``, how many live schedules name the task type ``$1`` (a scan, like
+:data:`TASK_TYPE_USERS`; run only when a change takes the task type away from someone)."""
 
 TASK_TYPE_PUT: Final = f"""
 WITH current AS (SELECT version FROM task_types WHERE name = $1 FOR NO KEY UPDATE)
 INSERT INTO task_types AS t (
     name, kind, settings, timeout_s, max_concurrency, max_concurrency_cluster, max_attempts,
-    backoff_base_s, backoff_max_s, overlap, updated_at, version)
+    backoff_base_s, backoff_max_s, overlap, updated_at, version, tenant_id, allowed_tenants)
 SELECT $1::text, $2::text, $3::jsonb, $4::double precision, $5::integer, $6::integer,
-       $7::integer, $8::double precision, $9::double precision, $10::text, now(), 1
+       $7::integer, $8::double precision, $9::double precision, $10::text, now(), 1,
+       $12::text, $13::text[]
 WHERE $11::bigint IS NULL OR $11::bigint = coalesce((SELECT version FROM current), 0)
 ON CONFLICT (name) DO UPDATE SET
     kind = EXCLUDED.kind, settings = EXCLUDED.settings, timeout_s = EXCLUDED.timeout_s,
@@ -92,6 +113,7 @@ ON CONFLICT (name) DO UPDATE SET
     max_concurrency_cluster = EXCLUDED.max_concurrency_cluster,
     max_attempts = EXCLUDED.max_attempts, backoff_base_s = EXCLUDED.backoff_base_s,
     backoff_max_s = EXCLUDED.backoff_max_s, overlap = EXCLUDED.overlap,
+    tenant_id = EXCLUDED.tenant_id, allowed_tenants = EXCLUDED.allowed_tenants,
     updated_at = now(), version = t.version + 1
 WHERE $11::bigint IS NULL OR t.version = $11::bigint
 RETURNING {prefixed(TASK_TYPE_COLUMNS, "t")}
@@ -99,10 +121,8 @@ RETURNING {prefixed(TASK_TYPE_COLUMNS, "t")}
 """Create or replace, optimistically. Without an expected version (``$11`` NULL) the row is
 inserted or replaced. With one, a row is proposed only if it matches the locked current
 version (0 when absent), and replaced only if it still does; otherwise nothing is returned.
-The no-key lock leaves schedule writers' key-share locks alone; concurrent creates of one
-name meet on the key, and the second then replaces (or, expecting 0, returns nothing)."""
-
-TASK_TYPE_VERSION: Final = "SELECT version FROM task_types WHERE name = $1"
+Concurrent creates of one name meet on the key, and the second then replaces (or, expecting
+0, returns nothing). ``$12`` is the owning tenant, ``$13`` the tenants granted."""
 
 TASK_TYPE_GET: Final = f"SELECT {TASK_TYPE_COLUMNS} FROM task_types WHERE name = $1"
 
@@ -116,6 +136,20 @@ WHERE task_type = $1 AND deleted_at IS NULL ORDER BY schedule_id LIMIT $2
 """
 """The first live schedules naming a task type, each row with how many there are in all (a
 scan: deleting a task type is rare, and an index would slow every planner advance)."""
+
+TASK_TYPE_UNFINISHED_RUNS: Final = """
+SELECT status, count(*) AS runs FROM (
+    SELECT status FROM executions WHERE status IN ('queued', 'failed') AND task_type = $1
+    UNION ALL
+    SELECT status FROM executions WHERE status = 'running' AND task_type = $1
+    UNION ALL
+    SELECT status FROM executions WHERE status = 'dead-letter' AND task_type = $1
+) AS unfinished
+GROUP BY status
+"""
+"""How many runs naming a task type are not finished, by status. Each branch's status test
+is the predicate of a partial index (the startable, running and dead-letter ones), so the
+unfinished rows are read through those, not by a scan of the whole history."""
 
 TASK_TYPE_DELETE: Final = f"DELETE FROM task_types WHERE name = $1 RETURNING {TASK_TYPE_COLUMNS}"
 
@@ -157,11 +191,14 @@ LIMIT $3
 ``schedules.schedules_plannable``), along schedules_partition_live_idx. ``$2`` is ``''``
 for the first page (every id sorts above it)."""
 
-SCHEDULES_LIVE_IDS: Final = """
-SELECT schedule_id FROM schedules
-WHERE schedule_id = ANY($1::text[]) AND deleted_at IS NULL
-ORDER BY schedule_id
+SCHEDULES_TAKEN_IDS: Final = """
+SELECT s.schedule_id FROM schedules AS s
+JOIN unnest($1::text[], $2::text[]) AS u (schedule_id, tenant_id) USING (schedule_id)
+WHERE s.deleted_at IS NULL OR s.tenant_id <> u.tenant_id
+ORDER BY s.schedule_id
 """
+"""Of the ids ``$1`` to be created for the tenants ``$2``, those taken: live, or deleted by
+another tenant (a deleted id is only ever revived for the tenant that had it)."""
 
 SCHEDULES_INSERT: Final = f"""
 INSERT INTO schedules AS s (
@@ -185,11 +222,12 @@ ON CONFLICT (schedule_id) DO UPDATE SET
     partition_id = EXCLUDED.partition_id, catch_up = EXCLUDED.catch_up,
     catch_up_window_s = EXCLUDED.catch_up_window_s, dst_gap = EXCLUDED.dst_gap,
     dst_overlap = EXCLUDED.dst_overlap, overlap = EXCLUDED.overlap, deleted_at = NULL
-WHERE s.deleted_at IS NOT NULL
+WHERE s.deleted_at IS NOT NULL AND s.tenant_id = EXCLUDED.tenant_id
 RETURNING {prefixed(SCHEDULE_COLUMNS, "s")}
 """
-"""Insert new schedules and revive deleted ones; a live row is left alone and not returned
-(a concurrent create of the same id committed first)."""
+"""Insert new schedules and revive the deleted ones of the same tenant; a live row, or
+another tenant's deleted one, is left alone and not returned (a concurrent create of the
+same id committed first)."""
 
 SCHEDULE_UPDATE: Final = f"""
 UPDATE schedules SET

@@ -40,7 +40,7 @@ EXECUTION_COLUMNS: Final = (
 LEASE_COLUMNS: Final = "partition_id, owner_id, fencing_token, expires_at"
 TASK_TYPE_COLUMNS: Final = (
     "name, kind, settings, timeout_s, max_concurrency, max_concurrency_cluster, max_attempts, "
-    "backoff_base_s, backoff_max_s, overlap, updated_at, version"
+    "backoff_base_s, backoff_max_s, overlap, updated_at, version, tenant_id, allowed_tenants"
 )
 TENANT_COLUMNS: Final = (
     "tenant_id, weight, concurrency_quota, rate_per_s, burst, schedules_max, updated_at, version"
