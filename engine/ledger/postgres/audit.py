@@ -3,8 +3,9 @@
 A replay is an operator's action, not fenced (any node may serve it), and audited: in one
 transaction the dead letters are put back to ``queued`` and one ``audit_events`` row per
 replayed execution is appended, so the trail has a row exactly for each replay that
-happened. A purge deletes the dead letters (and their history) and appends one row per
-deleted execution the same way. The trail is append-only (a trigger refuses updates and deletes, see
+happened. A purge deletes dead letters (with their history, after moving their schedules'
+purge horizon on) and appends one row per deleted execution the same way. The trail is
+append-only (a trigger refuses updates and deletes, see
 ``migrations/0003_audit_and_caps.sql``), and ``event_id`` follows commit order: writers take
 the audit advisory lock right before drawing ids and hold it to commit, like the schedule
 change feed, so a reader may page with the last ``event_id`` it saw as a watermark.
