@@ -28,6 +28,11 @@ CHANGE_POLL_INTERVAL_S_DEFAULT: Final = 1.0
 SHUTDOWN_TIMEOUT_S_DEFAULT: Final = 10.0
 CATCHUP_GRACE_S_DEFAULT: Final = 60.0
 RETENTION_DAYS_DEFAULT: Final = 7.0
+CHANGE_RETENTION_DAYS_DEFAULT: Final = 7.0
+"""Schedule changes are pruned after this long: far beyond any pause a node rides out (its
+leases expire within seconds); a node that comes back later reloads its planners."""
+DEAD_LETTER_RETENTION_DAYS_DEFAULT: Final = 0.0
+"""0: dead letters are kept until replayed or purged by an operator."""
 ATTEMPT_LEASE_S_DEFAULT: Final = 60.0
 WORKERS_DEFAULT: Final = 1_000
 """Attempts a node runs at once. Sized for I/O: a webhook in flight is a coroutine and a
@@ -96,8 +101,12 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     catchup_grace_s: float = CATCHUP_GRACE_S_DEFAULT
     """A fire less than this late is run normally; older ones follow the catch-up policy."""
     retention_days: float = RETENTION_DAYS_DEFAULT
-    """Succeeded and skipped executions are deleted this long after they finished (dead
-    letters are kept until replayed)."""
+    """Succeeded and skipped executions are deleted this long after they finished."""
+    dead_letter_retention_days: float = DEAD_LETTER_RETENTION_DAYS_DEFAULT
+    """Dead letters are deleted this long after they became dead letters; 0 (the default):
+    kept until replayed or purged (``POST /v1/dead-letters:purge``)."""
+    change_retention_days: float = CHANGE_RETENTION_DAYS_DEFAULT
+    """Schedule changes are pruned from the change feed this long after they were made."""
     workers: int = WORKERS_DEFAULT
     """Attempts this node runs at once (its worker pool), sized for I/O-bound handlers."""
     blocking_workers: int = BLOCKING_WORKERS_DEFAULT
@@ -226,10 +235,16 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             "change_poll_interval_s",
             "catchup_grace_s",
             "retention_days",
+            "change_retention_days",
             "shutdown_timeout_s",
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive, got {getattr(self, name)}")
+        if not self.dead_letter_retention_days >= 0:
+            problems.append(
+                "dead_letter_retention_days must be 0 (keep) or positive, "
+                f"got {self.dead_letter_retention_days}"
+            )
         if not self.node_id or len(self.node_id) > 128 or any(c.isspace() for c in self.node_id):
             problems.append(
                 f"node_id must be 1-128 characters without spaces, got {self.node_id!r}"

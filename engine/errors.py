@@ -19,6 +19,7 @@ Operating errors (bad input, an unreachable database, a lost lease) are subclass
     │   ├── VersionConflict        optimistic concurrency: someone else updated first
     │   ├── AlreadyExists          a record with that id exists already
     │   ├── NotFound               the addressed record does not exist
+    │   ├── ChangesPruned          a change-feed reader fell behind the pruned changes
     │   └── QuotaExceeded          a tenant would own more schedules than its quota allows
     ├── TransientError             raised by a user's Python handler: worth retrying with backoff
     └── PermanentError             raised by a user's Python handler: retrying cannot help
@@ -102,6 +103,17 @@ class NotFound(LedgerError):
 class InUse(LedgerError):
     """The record cannot be deleted or narrowed while others still refer to it (a task type
     named by live schedules or unfinished runs). Nothing was written."""
+
+
+class ChangesPruned(LedgerError):
+    """A change-feed read started below the pruned part of the feed: changes the reader has
+    not seen may be gone. ``pruned_through`` is the newest ``seq`` pruned; the reader must
+    reload what it derives from the feed (planners reload their partitions) and carry on
+    from a watermark of at least that."""
+
+    def __init__(self, message: str, *, pruned_through: int = 0) -> None:
+        super().__init__(message)
+        self.pruned_through = pruned_through
 
 
 class QuotaExceeded(LedgerError):

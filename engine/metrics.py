@@ -439,6 +439,12 @@ class NodeMetrics:
             ["reason"],
             registry=r,
         )
+        self._change_feed_gaps = Counter(
+            "carillon_change_feed_gap_reloads_total",
+            "Times this node's change feed fell behind the pruned changes and its planners "
+            "reloaded their partitions.",
+            registry=r,
+        )
         self._source_errors = Counter(
             "carillon_metrics_source_errors_total",
             "Scrapes whose node gauges could not be read (see the node's log).",
@@ -509,6 +515,10 @@ class NodeMetrics:
     def lease_lost(self, reason: str, n: int = 1) -> None:
         """``reason``: :data:`LEASE_LOST_REFUSED` or :data:`LEASE_LOST_EXPIRED`."""
         self._lease_lost.labels(self._reasons(reason)).inc(n)
+
+    def change_feed_gap(self) -> None:
+        """The change feed found changes pruned past its watermark; planners reload."""
+        self._change_feed_gaps.inc()
 
     # -- scrape time ----------------------------------------------------------------------
 

@@ -262,7 +262,11 @@ class AuditAction(enum.StrEnum):
     SCHEDULE_BACKFILL = "schedule.backfill"
     """An operator added past fires of a schedule. ``target``: the schedule id; ``details``:
     ``inserted`` and ``requested`` (counts), ``first`` and ``last`` (the earliest and latest
-    instant asked for, RFC 3339 UTC) and ``reason``."""
+    instant asked for, RFC 3339 UTC), ``reason`` and ``skipped_purged`` (instants left out
+    because the schedule's history up to them was purged)."""
+    DEAD_LETTER_PURGE = "dead_letter.purge"
+    """A dead letter was deleted for good. ``target``: its execution id; ``details``:
+    ``reason``, ``attempt``, ``error_code`` and ``schedule_id``."""
     TOKEN_CREATE = "token.create"
     """An API token was created. ``target``: its token id; ``details``: ``scope`` and
     ``description``."""

@@ -9,7 +9,7 @@
         ├── ChangeFeed          schedule changes -> the owning planner (watermark first)
         ├── PlannerSupervisor   one Planner per owned partition, inside its trust window
         ├── LeaseKeeper         renew, expire locally, hand back extras, acquire fair share
-        ├── RetentionKeeper     deletes old finished executions of owned partitions
+        ├── RetentionKeeper     deletes old executions of owned partitions; prunes changes
         ├── CompletionWriter    batches completion writes (fenced, idempotent)
         ├── WorkerPool          runs claimed executions through their task type's handler
         ├── Dispatcher          due executions -> fair queue -> claim -> workers
@@ -155,7 +155,11 @@ class Node:
         """When to fetch: planners, retries and the change feed announce; the pipeline reads."""
         self.planners = self._new_planner_supervisor()
         self.change_feed = ChangeFeed(
-            ChangeFeedConfig(config.change_poll_interval_s), ledger, self, rng
+            ChangeFeedConfig(config.change_poll_interval_s),
+            ledger,
+            self,
+            rng,
+            metrics=self.metrics,
         )
         self._pipeline_config = PipelineConfig(
             DispatcherConfig(
@@ -189,7 +193,13 @@ class Node:
             RedelivererConfig(), ledger, self.table, metrics=self.metrics
         )
         self.retention = RetentionKeeper(
-            RetentionConfig(keep_s=config.retention_days * 86400), ledger, self.table
+            RetentionConfig(
+                keep_s=config.retention_days * 86400,
+                dead_letters_keep_s=(config.dead_letter_retention_days * 86400 or None),
+                changes_keep_s=config.change_retention_days * 86400,
+            ),
+            ledger,
+            self.table,
         )
         self.api = self._new_api()
         self.supervisor = Supervisor(
@@ -265,6 +275,14 @@ class Node:
         any node added executions that are startable now)."""
         self.planners.notify(partition_id, schedule_id)
         if partition_id in self.table:
+            self.announcements.announce(self.clock_monitor.now())
+
+    def reload_all(self) -> None:
+        """Change-feed sink: changes were missed (the feed fell behind its pruning), so every
+        planner reloads its partition, and the dispatcher fetches (executions may have been
+        added through the API meanwhile)."""
+        self.planners.reload_all()
+        if len(self.table):
             self.announcements.announce(self.clock_monitor.now())
 
     def _new_api(self) -> ApiServer | None:

@@ -6,6 +6,14 @@ notification is lost -- then reads every change past the watermark and tells the
 the change's partition, if this node runs one. The watermark is taken *before* any planner
 loads, and a planner registers before it loads, so no change can fall between a planner's
 snapshot and the feed.
+
+The feed is pruned (the retention keeper removes changes older than a window of days). A
+node whose watermark fell below the pruned changes -- paused or partitioned for longer than
+the window -- is told so by the ledger (:class:`~engine.errors.ChangesPruned`) instead of
+silently missing changes: the feed takes the current head as its watermark, then asks every
+planner to reload its partition from the schedules table (and the dispatcher to fetch, as a
+missed ``executions_added`` change would have), logs a warning and counts it
+(``carillon_change_feed_gap_reloads_total``). Watermark first, reload after: as at start.
 """
 
 from __future__ import annotations
@@ -18,14 +26,19 @@ import msgspec
 import trio
 
 from engine.actors.retry import retry_unavailable
-from engine.errors import LedgerUnavailable
+from engine.errors import ChangesPruned, LedgerUnavailable
 from engine.ledger.base import PAGE_SIZE_MAX, Ledger, ScheduleChangesSince
+from engine.metrics import NodeMetrics
 
 log = logging.getLogger("carillon.changes")
 
 
 class ChangeSink(Protocol):
     def notify(self, partition_id: int, schedule_id: str) -> None: ...
+
+    def reload_all(self) -> None:
+        """Changes may have been missed: reload everything derived from the feed."""
+        ...
 
 
 class ChangeFeedConfig(msgspec.Struct, frozen=True):
@@ -35,18 +48,28 @@ class ChangeFeedConfig(msgspec.Struct, frozen=True):
 class ChangeFeedStatistics(msgspec.Struct, frozen=True):
     watermark: int
     delivered: int
+    gap_reloads: int = 0
+    """Times the watermark was found below the pruned changes (planners reloaded)."""
 
 
 class ChangeFeed:
     def __init__(
-        self, config: ChangeFeedConfig, ledger: Ledger, sink: ChangeSink, rng: random.Random
+        self,
+        config: ChangeFeedConfig,
+        ledger: Ledger,
+        sink: ChangeSink,
+        rng: random.Random,
+        *,
+        metrics: NodeMetrics | None = None,
     ) -> None:
         self.config = config
         self._ledger = ledger
         self._sink = sink
         self._rng = rng
+        self._metrics = metrics
         self.watermark = 0
         self._delivered = 0
+        self._gap_reloads = 0
 
     async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         self.watermark = await retry_unavailable(
@@ -67,9 +90,13 @@ class ChangeFeed:
         """Deliver every change past the watermark; returns how many."""
         delivered = 0
         while True:
-            changes = await self._ledger.schedule_changes(
-                ScheduleChangesSince(self.watermark, PAGE_SIZE_MAX)
-            )
+            try:
+                changes = await self._ledger.schedule_changes(
+                    ScheduleChangesSince(self.watermark, PAGE_SIZE_MAX)
+                )
+            except ChangesPruned as exc:
+                await self._reload_after_gap(exc)
+                continue
             for change in changes:
                 self._sink.notify(change.partition_id, change.schedule_id)
                 self.watermark = change.seq
@@ -79,5 +106,21 @@ class ChangeFeed:
         self._delivered += delivered
         return delivered
 
+    async def _reload_after_gap(self, gap: ChangesPruned) -> None:
+        """Skip to the head, then have the planners reload what the lost changes said."""
+        head = await self._ledger.schedule_changes_head()
+        log.warning(
+            "change feed: watermark %d is below the pruned changes (through %d); planners "
+            "reload their partitions, feed resumes at %d",
+            self.watermark,
+            gap.pruned_through,
+            head,
+        )
+        self.watermark = max(head, gap.pruned_through, self.watermark)
+        self._gap_reloads += 1
+        if self._metrics is not None:
+            self._metrics.change_feed_gap()
+        self._sink.reload_all()
+
     def statistics(self) -> ChangeFeedStatistics:
-        return ChangeFeedStatistics(self.watermark, self._delivered)
+        return ChangeFeedStatistics(self.watermark, self._delivered, self._gap_reloads)

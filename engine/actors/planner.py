@@ -14,7 +14,8 @@ A fire found more than the catch-up grace in the past -- after downtime or a tak
 through :func:`~engine.core.catchup.catch_up` and is run or recorded as skipped by the
 schedule's policy. A rejected fence (:class:`LeaseLost`) ends the planner immediately; an
 unavailable ledger is retried with backoff, keeping the popped fires. Schedule changes arrive
-through :meth:`notify` (routed from the change feed) and are applied between steps.
+through :meth:`notify` (routed from the change feed) and are applied between steps;
+:meth:`reload` (the feed fell behind its pruning) reloads the whole partition instead.
 """
 
 from __future__ import annotations
@@ -147,6 +148,12 @@ class Planner:
             self._inbox_overflow = True
         else:
             self._inbox[schedule_id] = None
+        self._wake.set()
+
+    def reload(self) -> None:
+        """Reload every schedule of the partition before the next step (changes may have
+        been missed)."""
+        self._inbox_overflow = True
         self._wake.set()
 
     async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:

@@ -71,6 +71,12 @@ class PlannerSupervisor:
         if planner is not None:
             planner.notify(schedule_id)
 
+    def reload_all(self) -> None:
+        """Changes may have been missed (the feed fell behind its pruning): every running
+        planner reloads its partition before its next step."""
+        for planner in self._planners.values():
+            planner.reload()
+
     async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery

@@ -1,7 +1,10 @@
-"""``/v1/executions`` and ``/v1/dead-letters``: what ran, what failed for good, and replaying it.
+"""``/v1/executions`` and ``/v1/dead-letters``: what ran, what failed for good, replaying it
+and purging it.
 
 A tenant token sees only its own tenant's executions; another tenant's execution is a 404.
-Replays are audited with the token as the actor and the optional reason.
+Replays and purges are audited with the token as the actor and the optional reason. A purge
+of many names at least one filter, or ``"all": true``: deleting every dead letter in sight
+is never what an empty body meant.
 """
 
 from __future__ import annotations
@@ -10,9 +13,16 @@ from typing import Final
 
 from engine.api import problems
 from engine.api.endpoint import Call, Endpoint, QueryParam, Reply, check_instant
-from engine.api.schemas import ReasonIn, ReplayFilter, ReplayResult
+from engine.api.schemas import (
+    PurgeFilter,
+    PurgeResult,
+    ReasonIn,
+    ReplayFilter,
+    ReplayResult,
+)
 from engine.ledger.base import (
     PAGE_SIZE_MAX,
+    DeadLettersPurge,
     DeadLettersReplay,
     ExecutionDetail,
     ExecutionsQuery,
@@ -122,6 +132,74 @@ async def replay_matching(call: Call) -> Reply:
     return Reply(ReplayResult(replayed))
 
 
+def _not_a_dead_letter(execution_id: str, status: ExecutionStatus, action: str) -> problems.Problem:
+    return problems.Problem(
+        409,
+        "not-a-dead-letter",
+        "The execution is not a dead letter",
+        f"execution {execution_id!r} is {status}; only dead letters can be {action}",
+    )
+
+
+async def purge_one(call: Call) -> Reply:
+    execution_id = call.path("execution_id")
+    detail = await _visible(call, execution_id)
+    if detail.execution.status is not ExecutionStatus.DEAD_LETTER:
+        raise _not_a_dead_letter(execution_id, detail.execution.status, "purged")
+    body: ReasonIn = call.body
+    purged = await call.api.ledger.dead_letters_purge(
+        DeadLettersPurge([execution_id], call.who.actor, body.reason)
+    )
+    return Reply(PurgeResult(purged))
+
+
+async def purge_matching(call: Call) -> Reply:
+    body: PurgeFilter = call.body
+    for name, value in (("planned_from", body.planned_from), ("planned_to", body.planned_to)):
+        if value is not None:
+            check_instant(value, name)
+    filters = (body.schedule_id, body.tenant_id, body.task_type, body.planned_from, body.planned_to)
+    given = any(value is not None for value in filters)
+    if body.all and given:
+        raise problems.invalid('give filters or "all": true, not both')
+    if not body.all and not given:
+        raise problems.invalid(
+            "name the dead letters to purge: schedule_id, tenant_id, task_type, planned_from "
+            'or planned_to, or "all": true for every one'
+        )
+    own = call.who.tenant_id
+    tenant = body.tenant_id
+    if own is not None:
+        if tenant not in (None, own):
+            raise problems.not_found(f"tenant {tenant!r} not found")
+        tenant = own
+    ids: list[str] = []
+    cursor: str | None = None
+    while len(ids) < body.limit:
+        page: Page[Execution] = await call.api.ledger.executions_query(
+            ExecutionsQuery(
+                schedule_id=body.schedule_id,
+                tenant_id=tenant,
+                status=ExecutionStatus.DEAD_LETTER,
+                planned_from=body.planned_from,
+                planned_to=body.planned_to,
+                task_type=body.task_type,
+                cursor=cursor,
+                limit=min(PAGE_SIZE_MAX, body.limit - len(ids)),
+            )
+        )
+        ids.extend(execution.execution_id for execution in page.items)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    if not ids:
+        return Reply(PurgeResult([]))
+    purged = await call.api.ledger.dead_letters_purge(
+        DeadLettersPurge(ids, call.who.actor, body.reason)
+    )
+    return Reply(PurgeResult(purged))
+
+
 _FILTERS: Final = (
     QueryParam("schedule_id", "string", "only this schedule's"),
     QueryParam("tenant_id", "string", "only this tenant's (a tenant token: its own)"),
@@ -178,6 +256,24 @@ ENDPOINTS: Final = (
         "Replay one dead letter under its own id",
         body=ReasonIn,
         response=ReplayResult,
+        tag="dead-letters",
+    ),
+    Endpoint(
+        "POST",
+        "/v1/dead-letters:purge",
+        purge_matching,
+        "Delete the dead letters matching a filter (or all), audited",
+        body=PurgeFilter,
+        response=PurgeResult,
+        tag="dead-letters",
+    ),
+    Endpoint(
+        "POST",
+        "/v1/dead-letters/{execution_id}:purge",
+        purge_one,
+        "Delete one dead letter for good, audited",
+        body=ReasonIn,
+        response=PurgeResult,
         tag="dead-letters",
     ),
 )

@@ -46,6 +46,7 @@ from engine.errors import InvalidField, NotFound, VersionConflict
 from engine.ledger.base import (
     BATCH_ROWS_MAX,
     PAGE_SIZE_MAX,
+    Backfilled,
     ExecutionsBackfill,
     ExecutionsTrigger,
     Page,
@@ -245,10 +246,16 @@ async def backfill(call: Call) -> Reply:
         )
     # 'to' may lie up to a second ahead (a client's clock); fires after now are not past.
     planned = _occurrences(schedule, body.from_, min(body.to, now + timedelta(microseconds=1)))
-    inserted: list[str] = await call.api.ledger.executions_backfill(
+    done: Backfilled = await call.api.ledger.executions_backfill(
         ExecutionsBackfill(schedule.schedule_id, planned, call.who.actor, body.reason)
     )
-    return Reply(BackfillResult(len(planned), len(inserted), inserted), 201)
+    inserted = done.inserted
+    return Reply(
+        BackfillResult(
+            len(planned), len(inserted), inserted, done.skipped_purged, done.purged_through
+        ),
+        201,
+    )
 
 
 async def preview(call: Call) -> Reply:

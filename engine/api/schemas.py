@@ -94,6 +94,11 @@ class BackfillResult(msgspec.Struct, frozen=True):
     inserted: int
     """Those that had no execution yet; the others are left exactly as they were."""
     execution_ids: list[str]
+    skipped_purged: int = 0
+    """Occurrences at or before ``purged_through``, not backfilled: retention (or a
+    dead-letter purge) removed the schedule's history up to there, and they may have run."""
+    purged_through: datetime | None = None
+    """The latest planned instant of the schedule's purged history (``null``: none purged)."""
 
 
 class PreviewFire(msgspec.Struct, frozen=True):
@@ -122,6 +127,28 @@ class ReplayFilter(_In, frozen=True):
 
 class ReplayResult(msgspec.Struct, frozen=True):
     replayed: list[str]
+
+
+class PurgeFilter(_In, frozen=True):
+    """Which dead letters to delete for good (``POST /v1/dead-letters:purge``): at least one
+    filter, or ``all``."""
+
+    schedule_id: str | None = None
+    tenant_id: str | None = None
+    task_type: str | None = None
+    planned_from: datetime | None = None
+    planned_to: datetime | None = None
+    all: bool = False
+    """Every dead letter the token may see (a tenant token: its tenant's); refused with a
+    filter, which is what it would ignore."""
+    limit: Annotated[int, Meta(ge=1, le=BATCH_ROWS_MAX)] = 1000
+    reason: Reason | None = None
+
+
+class PurgeResult(msgspec.Struct, frozen=True):
+    purged: list[str]
+    """The ids deleted (each audited as ``dead_letter.purge``); fewer than ``limit`` means
+    none matching is left."""
 
 
 class TaskTypeSpec(_In, frozen=True):

@@ -1,4 +1,4 @@
-"""``carillon dlq``: list dead letters and replay them (through the API); read the audit trail.
+"""``carillon dlq``: list, replay and purge dead letters (through the API); read the audit trail.
 
 A dead letter is an execution that will not be retried any more: its handler failed
 permanently (a 4xx, a refused address, a ``PermanentError``) or ran out of attempts. After
@@ -13,6 +13,13 @@ rounds of :data:`REPLAY_ROUND_MAX` (for after an outage); it refuses to run with
 ``--schedule``, ``--task-type`` or ``--tenant``: replaying every dead letter of the cluster
 at once is almost never what an operator means, and it can be done filter by filter. The
 API audits each replay with the token as the actor and the ``--reason``.
+
+``purge`` deletes dead letters for good (with their attempt history; audited like a replay):
+``purge ID...`` those executions, or every one matching ``--schedule``, ``--tenant``,
+``--task-type``, ``--from`` or ``--to``, or with ``--all`` every one (a tenant token: its
+tenant's). A filter or ``--all`` purge first counts what matches and deletes nothing
+unless ``--yes`` confirms it; with ``--yes`` it deletes in rounds of
+:data:`PURGE_ROUND_MAX` and prints how many went. A purged fire is not backfilled again.
 
 ``audit`` is the exception: it reads the replays' audit trail **from the database**
 (``--database-url`` as for ``carillon migrate``), oldest first. It is an administrator's
@@ -49,7 +56,12 @@ REPLAY_ROUND_MAX: Final = 1000
 """Dead letters one ``replay --all`` request replays; rounds repeat while a round is full."""
 REPLAY_ROUNDS_MAX: Final = 1000
 REPLAY_IDS_MAX: Final = 10_000
-"""Most ids one ``replay ID...`` accepts (one request each)."""
+"""Most ids one ``replay ID...`` (or ``purge ID...``) accepts (one request each)."""
+PURGE_ROUND_MAX: Final = 1000
+"""Dead letters one ``purge --yes`` request deletes; rounds repeat while a round is full."""
+PURGE_ROUNDS_MAX: Final = 1000
+COUNT_PAGES_MAX: Final = 1000
+"""Pages of dead letters a ``purge`` without ``--yes`` counts at most (a million)."""
 AUDIT_LIMIT_DEFAULT: Final = 100
 AUDIT_LIMIT_MAX: Final = 100_000
 REASON_CHARS_SHOWN: Final = 60
@@ -60,7 +72,7 @@ _SKIPPABLE: Final = frozenset({404, 409})
 def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "dlq",
-        help="list and replay dead letters; read the replays' audit trail",
+        help="list, replay and purge dead letters; read the replays' audit trail",
         description="Dead letters: executions that will not be retried any more.",
     )
     parser.set_defaults(handler=lambda _: usage(parser))
@@ -83,6 +95,20 @@ def add_parser(commands: Any) -> None:
     add_client_arguments(replay, output=False)
     add_output_argument(replay, 'the ids replayed, as the API answers them: {"replayed": [...]}')
     replay.set_defaults(handler=run_replay)
+    purge = actions.add_parser(
+        "purge",
+        help="delete dead letters for good (audited); count first, --yes to delete",
+        description="Delete the named dead letters, or every one matching the filters, or "
+        "with --all every one. Filters and --all only count unless --yes confirms.",
+    )
+    purge.add_argument("execution_ids", nargs="*", metavar="ID")
+    purge.add_argument("--all", action="store_true", help="every dead letter (no filter)")
+    purge.add_argument("--yes", action="store_true", help="delete what matches (else: count)")
+    purge.add_argument("--reason", metavar="TEXT", help="why, kept in the audit trail")
+    add_execution_filters(purge)
+    add_client_arguments(purge, output=False)
+    add_output_argument(purge, 'the ids purged: {"purged": [...]}, or {"matching": N}')
+    purge.set_defaults(handler=run_purge)
     audit = actions.add_parser(
         "audit",
         help="list the replays' audit trail, oldest first (reads the database)",
@@ -207,6 +233,95 @@ def _replay_each(api: ApiClient, ids: list[str], reason: str | None) -> list[str
                 raise
             note(f"{execution_id} is not a dead letter ({problem}); skipped")
     return replayed
+
+
+# --- purge ---------------------------------------------------------------------------------
+
+
+def run_purge(args: argparse.Namespace) -> int:
+    reason = validate_reason(args.reason)
+    filters = {
+        "schedule_id": args.schedule,
+        "tenant_id": args.tenant,
+        "task_type": args.task_type,
+        "planned_from": args.start,
+        "planned_to": args.end,
+    }
+    given = {name: value for name, value in filters.items() if value is not None}
+    if args.execution_ids:
+        if args.all or given:
+            raise InvalidField("give execution ids, or filters or --all, not both")
+        ids = list(dict.fromkeys(args.execution_ids))
+        if len(ids) > REPLAY_IDS_MAX:
+            raise InvalidField(f"at most {REPLAY_IDS_MAX} ids at once, got {len(ids)}")
+        with open_client(args) as api:
+            each = _purge_each(api, ids, reason)
+        return _purged(args, each, f"purged {len(each)} of {len(ids)} dead letters")
+    if args.all and given:
+        raise InvalidField("give filters or --all, not both")
+    if not args.all and not given:
+        raise InvalidField(
+            "name the dead letters to purge: ids, --schedule, --tenant, --task-type, --from "
+            "or --to, or --all for every one"
+        )
+    with open_client(args) as api:
+        if not args.yes:
+            matching = count_matching(api, given)
+            if args.output == "json":
+                print(json.dumps({"matching": matching}))
+            else:
+                print(
+                    f"{plural(matching, 'dead letter')} match; nothing purged (add --yes to "
+                    "purge them)"
+                )
+            return 0
+        body: dict[str, Any] = {**given, "limit": PURGE_ROUND_MAX}
+        if args.all:
+            body["all"] = True
+        if reason is not None:
+            body["reason"] = reason
+        purged: list[str] = []
+        for _ in range(PURGE_ROUNDS_MAX):
+            done: list[str] = api.call_json("POST", "/v1/dead-letters:purge", body=body)["purged"]
+            purged += done
+            if len(done) < PURGE_ROUND_MAX:
+                break
+    return _purged(args, purged, f"purged {plural(len(purged), 'dead letter')}")
+
+
+def _purged(args: argparse.Namespace, purged: list[str], summary: str) -> int:
+    if args.output == "json":
+        print(json.dumps({"purged": purged}))
+    else:
+        print(summary)
+    return 0
+
+
+def count_matching(api: ApiClient, filters: dict[str, Any]) -> int:
+    """How many dead letters match ``filters`` (what the token may see), by listing them."""
+    query: dict[str, Any] = {**filters, "limit": PAGE_SIZE_MAX}
+    count = 0
+    for _ in range(COUNT_PAGES_MAX):
+        page = api.call_json("GET", "/v1/dead-letters", query=query)
+        count += len(page["items"])
+        if not page.get("next_cursor"):
+            return count
+        query["cursor"] = page["next_cursor"]
+    raise InvalidField(f"more than {count} dead letters match; narrow the filters to count them")
+
+
+def _purge_each(api: ApiClient, ids: list[str], reason: str | None) -> list[str]:
+    body = {} if reason is None else {"reason": reason}
+    purged: list[str] = []
+    for execution_id in ids:
+        path = f"/v1/dead-letters/{segment(execution_id)}:purge"
+        try:
+            purged += api.call_json("POST", path, body=body)["purged"]
+        except ApiProblem as problem:
+            if problem.status not in _SKIPPABLE:
+                raise
+            note(f"{execution_id} is not a dead letter ({problem}); skipped")
+    return purged
 
 
 # --- audit (the database) ------------------------------------------------------------------

@@ -5,8 +5,10 @@
 * ``trigger`` runs it now, under an execution id of its own (its planned fires are
   untouched); ``--reason`` goes to the audit trail.
 * ``backfill --from --to`` plans the fires of ``[from, to)`` in the past under their normal
-  ids: a fire that already has an execution is left exactly as it is, so a backfill never
-  runs anything twice and may be repeated.
+  ids: a fire that already has an execution is left exactly as it is, and so is one whose
+  execution retention (or a dead-letter purge) deleted -- every fire up to the schedule's
+  purged history is skipped, and counted --, so a backfill never runs anything twice and
+  may be repeated.
 * ``preview`` lists its next fires as the engine will plan them (compare ``carillon preview
   EXPR``, which needs no schedule and no API).
 """
@@ -111,12 +113,19 @@ def run_backfill(args: argparse.Namespace) -> int:
         answer = api.call("POST", _path(args, ":backfill"), body=body)
 
     def render(result: dict[str, Any]) -> None:
-        existing = result["requested"] - result["inserted"]
-        print(
+        purged = result.get("skipped_purged", 0)
+        existing = result["requested"] - result["inserted"] - purged
+        line = (
             f"backfilled schedule {args.schedule_id!r} from {args.start} to {args.end}: "
             f"{plural(result['requested'], 'fire')}, {result['inserted']} planned now, "
             f"{existing} had an execution already"
         )
+        if purged:
+            line += (
+                f", {purged} skipped: the schedule's history through "
+                f"{result['purged_through']} was purged (they may have run)"
+            )
+        print(line)
 
     emit(args, answer, render)
     return 0

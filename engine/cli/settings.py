@@ -54,6 +54,14 @@ _HELP: Final = {
     "catchup_grace_s": "a fire less late than this runs normally; older ones follow catch-up",
     "shutdown_timeout_s": "time allowed for a graceful shutdown after SIGTERM or SIGINT",
     "retention_days": "finished executions are deleted this many days after they finish",
+    "dead_letter_retention_days": (
+        "dead letters are deleted this many days after they fail for good; 0 keeps them "
+        "until replayed or purged"
+    ),
+    "change_retention_days": (
+        "schedule changes are pruned from the change feed after this many days; a node "
+        "paused for longer reloads its planners"
+    ),
     "workers": "attempts this node runs at once (sized for webhooks: a thousand by default)",
     "blocking_workers": "python and shell attempts this node runs at once, at most",
     "webhook_connections_per_host": "most connections open at once to one webhook receiver",

@@ -33,6 +33,7 @@ from engine.ledger.base import (
     BATCH_ROWS_MAX,
     PAGE_SIZE_MAX,
     AuditQuery,
+    DeadLettersPurge,
     DeadLettersReplay,
     ExecutionDetail,
     ExecutionsQuery,
@@ -43,7 +44,12 @@ from engine.ledger.base import (
     replay_audit_details,
     task_type_in_use,
 )
-from engine.ledger.common import lost_users, task_type_grant_in_use, task_type_runs_in_use
+from engine.ledger.common import (
+    dead_letter_purge_details,
+    lost_users,
+    task_type_grant_in_use,
+    task_type_runs_in_use,
+)
 from engine.model import (
     AuditAction,
     AuditEvent,
@@ -195,6 +201,25 @@ class AdminMethods:
             self._audit.append(now, actor, AuditAction.DEAD_LETTER_REPLAY.value, key, details)
             replayed.append(key)
         return replayed
+
+    async def dead_letters_purge(self, params: DeadLettersPurge) -> list[str]:
+        await trio.lowlevel.checkpoint()
+        check_batch(len(params.execution_ids), BATCH_ROWS_MAX, field="execution_ids")
+        actor = validate_actor(params.actor)
+        reason = validate_reason(params.reason)
+        now = self._now()
+        purged = []
+        for key in dict.fromkeys(params.execution_ids):
+            execution = self._executions.get(key)
+            if execution is None or execution.status is not ExecutionStatus.DEAD_LETTER:
+                continue
+            self._executions.purge(key)
+            details = dead_letter_purge_details(
+                reason, execution.attempt, execution.error_code, execution.schedule_id
+            )
+            self._audit.append(now, actor, AuditAction.DEAD_LETTER_PURGE.value, key, details)
+            purged.append(key)
+        return purged
 
     async def audit_list(self, params: AuditQuery) -> list[AuditEvent]:
         await trio.lowlevel.checkpoint()

@@ -27,6 +27,7 @@ from engine.errors import NotFound
 from engine.ledger._memory_tables import AuditLog, ExecutionTable, VersionedTable, check_limit
 from engine.ledger.base import (
     CENSUS_GROUPS_MAX,
+    Backfilled,
     ChangeKind,
     ExecutionsBackfill,
     ExecutionsBucket,
@@ -43,6 +44,7 @@ from engine.ledger.common import (
     backfill_instants,
     check_stats,
     check_token_hash,
+    not_purged,
     quota_exceeded,
     token_audit_details,
     token_hash_taken,
@@ -199,30 +201,33 @@ class ApiMethods:
         self._record_change(schedule, ChangeKind.EXECUTIONS_ADDED)
         return execution
 
-    async def executions_backfill(self, params: ExecutionsBackfill) -> list[str]:
+    async def executions_backfill(self, params: ExecutionsBackfill) -> Backfilled:
         await trio.lowlevel.checkpoint()
         instants = backfill_instants(params)
         actor = validate_actor(params.actor)
         reason = validate_reason(params.reason)
         schedule = self._live_schedule(params.schedule_id)
+        horizon = self._executions.purged_through.get(schedule.schedule_id)
         if not instants:
-            return []
+            return Backfilled([], horizon)
         now = self._now()
         future = backfill_in_future(instants, now)
         if future is not None:
             raise future
+        kept = not_purged(instants, horizon)
         inserted = []
-        for at in instants:
+        for at in kept:
             execution = added(schedule, at, now)
             if self._executions.get(execution.execution_id) is None:
                 self._executions.put(execution)
                 inserted.append(execution.execution_id)
-        details = backfill_audit_details(len(inserted), instants, reason)
+        skipped = len(instants) - len(kept)
+        details = backfill_audit_details(len(inserted), instants, reason, skipped)
         action = AuditAction.SCHEDULE_BACKFILL.value
         self._audit.append(now, actor, action, schedule.schedule_id, details)
         if inserted:
             self._record_change(schedule, ChangeKind.EXECUTIONS_ADDED)
-        return inserted
+        return Backfilled(inserted, horizon, skipped)
 
     # quotas and census -----------------------------------------------------------------------
 

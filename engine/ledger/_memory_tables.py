@@ -402,6 +402,8 @@ class ExecutionTable:
         self._order: list[str] | None = None
         """Every id by (planned_at, id), kept until an id is added or removed (a row's
         planned time never changes, so replacing a row keeps the order)."""
+        self.purged_through: dict[str, datetime] = {}
+        """By schedule id: the latest planned instant of its executions ever purged."""
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -449,9 +451,13 @@ class ExecutionTable:
         if attempt is not None:
             self._attempts.setdefault(key, []).append(attempt)
 
-    def delete(self, execution_id: str) -> None:
-        """Remove an execution and its attempt history."""
+    def purge(self, execution_id: str) -> Execution:
+        """Remove an execution and its attempt history, moving its schedule's purge horizon
+        on to its planned instant; returns it as it was."""
         execution = self._rows.pop(execution_id)
+        horizon = self.purged_through.get(execution.schedule_id)
+        if horizon is None or horizon < execution.planned_at:
+            self.purged_through[execution.schedule_id] = execution.planned_at
         self._order = None
         partition = partition_of_row(execution)
         self._attempts.pop(execution_id, None)
@@ -459,6 +465,7 @@ class ExecutionTable:
         self._open_by_partition[partition].discard(execution_id)
         self._by_schedule[execution.schedule_id].discard(execution_id)
         self._running_by_task_type.get(execution.task_type, set()).discard(execution_id)
+        return execution
 
     def open_in(self, partition_ids: Iterable[int]) -> list[Execution]:
         """Non-terminal executions of the partitions, by planned time then id."""
@@ -491,36 +498,53 @@ class ExecutionTable:
 
 
 class ChangeFeed:
-    """The append-only schedule change log, and the event its waiters park on."""
+    """The schedule change log, pruned from its old end, and the event its waiters park on."""
 
     def __init__(self) -> None:
         self._changes: list[ScheduleChange] = []
+        self._appended_at: list[datetime] = []
         self._appended = trio.Event()
+        self._last_seq = 0
+        self.pruned_through = 0
+        """The newest ``seq`` pruned (0: none): every change up to it is gone."""
 
     @property
     def last_seq(self) -> int:
-        return len(self._changes)
+        return self._last_seq
 
     def append(
-        self, schedule_id: str, partition_id: int, kind: ChangeKind, version: int
+        self, schedule_id: str, partition_id: int, kind: ChangeKind, version: int, at: datetime
     ) -> ScheduleChange:
+        self._last_seq += 1
         change = ScheduleChange(
-            seq=len(self._changes) + 1,
+            seq=self._last_seq,
             schedule_id=schedule_id,
             partition_id=partition_id,
             kind=kind,
             version=version,
         )
         self._changes.append(change)
+        self._appended_at.append(at)
         # Wake everyone parked on the current event; later waiters park on a fresh one.
         self._appended.set()
         self._appended = trio.Event()
         return change
 
     def since(self, after_seq: int, limit: int) -> list[ScheduleChange]:
-        # seq n lives at index n - 1, so the changes after ``after_seq`` start at that index.
-        start = max(after_seq, 0)
+        # The kept changes are seq pruned_through + 1, + 2, ... from index 0.
+        start = max(after_seq - self.pruned_through, 0)
         return self._changes[start : start + limit]
+
+    def prune(self, before: datetime, limit: int) -> int:
+        """Drop the oldest changes appended before ``before`` (a prefix), at most ``limit``."""
+        count = 0
+        while count < min(limit, len(self._appended_at)) and self._appended_at[count] < before:
+            count += 1
+        if count:
+            self.pruned_through = self._changes[count - 1].seq
+            del self._changes[:count]
+            del self._appended_at[:count]
+        return count
 
     async def wait_after(self, after_seq: int, timeout_s: float) -> bool:
         """``True`` once a change newer than ``after_seq`` exists, ``False`` on timeout."""

@@ -56,10 +56,12 @@ from engine.ledger.params import (
     Attempt,
     AttemptRef,
     AuditQuery,
+    Backfilled,
     ChangeKind,
     ClusterSettings,
     CompleteResult,
     Completion,
+    DeadLettersPurge,
     DeadLettersReplay,
     DueCursor,
     ExecutionDetail,
@@ -91,6 +93,7 @@ from engine.ledger.params import (
     RegionFailover,
     ScheduleAdvance,
     ScheduleChange,
+    ScheduleChangesPrune,
     ScheduleChangesSince,
     ScheduleGroup,
     SchedulesCensus,
@@ -136,10 +139,12 @@ __all__ = [
     "Attempt",
     "AttemptRef",
     "AuditQuery",
+    "Backfilled",
     "ChangeKind",
     "ClusterSettings",
     "CompleteResult",
     "Completion",
+    "DeadLettersPurge",
     "DeadLettersReplay",
     "DueCursor",
     "ExecutionDetail",
@@ -172,6 +177,7 @@ __all__ = [
     "RegionFailover",
     "ScheduleAdvance",
     "ScheduleChange",
+    "ScheduleChangesPrune",
     "ScheduleChangesSince",
     "ScheduleGroup",
     "SchedulesCensus",
@@ -325,11 +331,29 @@ class Ledger(Protocol):
         ``seq`` follows commit order: once a change with ``seq`` s is returned, no change
         with a smaller ``seq`` can appear later, so a reader may keep the last ``seq`` as its
         watermark.
+
+        **Pruning.** ``ChangesPruned`` (carrying ``pruned_through``) -- instead of a silent
+        hole -- when ``after_seq`` is below the newest pruned ``seq``
+        (:meth:`schedule_changes_prune`): changes the reader never saw may be gone. The
+        check and the read see one state of the feed, so a reader that gets changes missed
+        none.
         """
         ...
 
     async def schedule_changes_head(self) -> int:
-        """The ``seq`` of the newest change (0 if none): a reader starting now begins there."""
+        """The ``seq`` of the newest change, or the newest pruned ``seq`` if that is larger
+        (0 if neither): a reader starting now begins there."""
+        ...
+
+    async def schedule_changes_prune(self, params: ScheduleChangesPrune) -> int:
+        """Remove the oldest changes appended before ``before``, at most ``limit``
+        (1..:data:`BATCH_ROWS_MAX`, else ``InvalidField``); returns how many.
+
+        Only a prefix of the feed goes: it stops at the first change appended at or after
+        ``before``, so every ``seq`` up to the newest pruned one (kept, and never lowered) is
+        gone and every later one is kept. ``InvalidField`` for a naive ``before``. Not
+        fenced: the feed is the cluster's, and pruning twice removes nothing more.
+        """
         ...
 
     async def schedule_changes_wait(self, after_seq: int, timeout_s: float) -> bool:
@@ -614,7 +638,7 @@ class Ledger(Protocol):
         """
         ...
 
-    async def executions_backfill(self, params: ExecutionsBackfill) -> list[str]:
+    async def executions_backfill(self, params: ExecutionsBackfill) -> Backfilled:
         """Insert a ``queued`` execution of the schedule at each past instant of
         ``planned_at``, under its deterministic id (``execution_id(schedule_id, instant)``),
         like a planned fire (startable at once, since its instant has passed). An id that
@@ -622,14 +646,23 @@ class Ledger(Protocol):
         planned, ran or were skipped adds nothing. Returns the ids inserted, in the order
         given, without repeats.
 
+        **Purged history.** An instant at or before the schedule id's purge horizon
+        (``purged_through``: the latest ``planned_at`` of its executions that
+        :meth:`executions_purge` or :meth:`dead_letters_purge` ever removed, kept after the
+        rows are gone, across a delete and re-create of the id) is not inserted either: it
+        may have run, and a backfill never runs a fire twice. The result says how many
+        distinct instants were skipped so (``skipped_purged``) and the horizon (also for an
+        empty list). A purge that races the backfill is either seen by it (its instants
+        skipped) or finds the rows it would remove still there (nothing inserted over them).
+
         ``InvalidField`` -- and nothing changes -- for more than :data:`BATCH_ROWS_MAX`
         instants, a naive one, one later than ledger now, or a malformed ``actor`` or
         ``reason``; ``NotFound`` if the schedule is absent or deleted (disabled ones may be
         backfilled). A call with instants is audited once, whatever it inserted: action
         ``schedule.backfill``, target the schedule id, details ``inserted``, ``requested``
         (distinct instants), ``first`` and ``last`` (the earliest and latest asked for, RFC
-        3339 UTC) and ``reason``; and, if it inserted any, appends one ``executions_added``
-        change. An empty list does nothing. Not fenced.
+        3339 UTC), ``reason`` and ``skipped_purged``; and, if it inserted any, appends one
+        ``executions_added`` change. An empty list does nothing. Not fenced.
         """
         ...
 
@@ -645,6 +678,22 @@ class Ledger(Protocol):
 
     async def executions_purge(self, params: ExecutionsPurge) -> int:
         """Delete up to ``limit`` succeeded or skipped executions of the fenced partition
-        that finished before ``finished_before`` (with their history); returns how many.
-        Dead letters are kept until replayed. Fenced."""
+        that finished before ``finished_before`` (with their history), oldest first;
+        returns how many. With ``dead_letters``, dead letters instead (and nothing else).
+        Each removed execution moves its schedule's purge horizon on to its ``planned_at``
+        (never back; see :meth:`executions_backfill`). Fenced."""
+        ...
+
+    async def dead_letters_purge(self, params: DeadLettersPurge) -> list[str]:
+        """Delete dead letters for good (with their attempt history); returns the ids
+        deleted, in the order given, without repeats. Others (not dead letters, unknown)
+        are ignored. Each moves its schedule's purge horizon on, like
+        :meth:`executions_purge`.
+
+        Audited: in the same transaction one event per deleted execution (action
+        ``dead_letter.purge``, target its id, ``actor``, details ``reason``, ``attempt``,
+        ``error_code`` and ``schedule_id``), in the order given. ``InvalidField`` -- and
+        nothing changes -- for a malformed ``actor`` or ``reason`` or more than
+        :data:`BATCH_ROWS_MAX` ids. Not fenced.
+        """
         ...

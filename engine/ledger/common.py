@@ -17,7 +17,7 @@ from typing import Any, Final
 import msgspec
 
 from engine.core.instants import format_utc
-from engine.errors import AlreadyExists, InUse, InvalidField, QuotaExceeded
+from engine.errors import AlreadyExists, ChangesPruned, InUse, InvalidField, QuotaExceeded
 from engine.ledger.params import (
     BATCH_ROWS_MAX,
     STATS_BUCKET_S_MAX,
@@ -84,17 +84,38 @@ def trigger_audit_details(schedule_id: str, reason: str | None) -> dict[str, Any
 
 
 def backfill_audit_details(
-    inserted: int, instants: list[datetime], reason: str | None
+    inserted: int, instants: list[datetime], reason: str | None, skipped_purged: int
 ) -> dict[str, Any]:
     """The ``details`` of a ``schedule.backfill`` audit event: how many executions were
-    inserted of the ``instants`` asked for, and the earliest and latest of those."""
+    inserted of the ``instants`` asked for, the earliest and latest of those, and how many
+    were left out as purged history."""
     return {
         "inserted": inserted,
         "requested": len(instants),
         "first": format_utc(min(instants)),
         "last": format_utc(max(instants)),
         "reason": reason,
+        "skipped_purged": skipped_purged,
     }
+
+
+def dead_letter_purge_details(
+    reason: str | None, attempt: int, error_code: str | None, schedule_id: str
+) -> dict[str, Any]:
+    """The ``details`` of a ``dead_letter.purge`` audit event."""
+    return {
+        "reason": reason,
+        "attempt": attempt,
+        "error_code": error_code,
+        "schedule_id": schedule_id,
+    }
+
+
+def not_purged(instants: list[datetime], purged_through: datetime | None) -> list[datetime]:
+    """The backfill ``instants`` after a schedule's purge horizon (all of them without one)."""
+    if purged_through is None:
+        return instants
+    return [at for at in instants if at > purged_through]
 
 
 def token_audit_details(token: ApiToken, *, created: bool) -> dict[str, Any]:
@@ -102,6 +123,15 @@ def token_audit_details(token: ApiToken, *, created: bool) -> dict[str, Any]:
     if created:
         return {"scope": token.scope, "description": token.description}
     return {"scope": token.scope}
+
+
+def changes_pruned(after_seq: int, pruned_through: int) -> ChangesPruned:
+    """The error for a change-feed read below the pruned part of the feed."""
+    return ChangesPruned(
+        f"the schedule change feed is pruned through seq {pruned_through}; a reader at "
+        f"{after_seq} may have missed changes and must reload",
+        pruned_through=pruned_through,
+    )
 
 
 # --- input checks -------------------------------------------------------------------------

@@ -99,6 +99,7 @@ from engine.ledger.base import (
     PlanResult,
     ScheduleAdvance,
     ScheduleChange,
+    ScheduleChangesPrune,
     ScheduleChangesSince,
     SchedulesCreate,
     SchedulesDelete,
@@ -109,7 +110,7 @@ from engine.ledger.base import (
     encode_cursor,
     unknown_task_types,
 )
-from engine.ledger.common import check_id_prefix, unusable_task_types
+from engine.ledger.common import changes_pruned, check_id_prefix, unusable_task_types
 from engine.ledger.params import plannable
 from engine.model import (
     Execution,
@@ -129,6 +130,7 @@ REGION_EPOCH_INITIAL = 1
 
 _PURGEABLE = frozenset({ExecutionStatus.SUCCEEDED, ExecutionStatus.SKIPPED})
 _NOT_STARTED = frozenset({ExecutionStatus.QUEUED, ExecutionStatus.FAILED})
+_DEAD_LETTERS = frozenset({ExecutionStatus.DEAD_LETTER})
 
 
 class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
@@ -312,11 +314,20 @@ class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
     async def schedule_changes(self, params: ScheduleChangesSince) -> list[ScheduleChange]:
         await trio.lowlevel.checkpoint()
         check_limit(params.limit, PAGE_SIZE_MAX)
+        pruned_through = self._feed.pruned_through
+        if params.after_seq < pruned_through:
+            raise changes_pruned(params.after_seq, pruned_through)
         return self._feed.since(params.after_seq, params.limit)
 
     async def schedule_changes_head(self) -> int:
         await trio.lowlevel.checkpoint()
         return self._feed.last_seq
+
+    async def schedule_changes_prune(self, params: ScheduleChangesPrune) -> int:
+        await trio.lowlevel.checkpoint()
+        check_limit(params.limit, BATCH_ROWS_MAX)
+        before = as_utc(params.before, field="before")
+        return self._feed.prune(before, params.limit)
 
     async def schedule_changes_wait(self, after_seq: int, timeout_s: float) -> bool:
         await trio.lowlevel.checkpoint()
@@ -338,7 +349,7 @@ class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
 
     def _record_change(self, schedule: Schedule, kind: ChangeKind) -> None:
         partition = self._partition(schedule.schedule_id)
-        self._feed.append(schedule.schedule_id, partition, kind, schedule.version)
+        self._feed.append(schedule.schedule_id, partition, kind, schedule.version, self._now())
 
     def _require_task_types(self, schedules: list[Schedule]) -> None:
         found = {
@@ -588,18 +599,19 @@ class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
         check_limit(params.limit, BATCH_ROWS_MAX)
         finished_before = as_utc(params.finished_before, field="finished_before")
         self._leases.require([params.fence], self._now())
+        statuses = _DEAD_LETTERS if params.dead_letters else _PURGEABLE
         purgeable: list[tuple[datetime, str]] = []
         for execution in self._executions.in_partition_unordered(params.fence.partition_id):
             finished_at = execution.finished_at
             if (
-                execution.status in _PURGEABLE
+                execution.status in statuses
                 and finished_at is not None
                 and finished_at < finished_before
             ):
                 purgeable.append((finished_at, execution.execution_id))
         doomed = sorted(purgeable)[: params.limit]
         for _, key in doomed:
-            self._executions.delete(key)
+            self._executions.purge(key)
         return len(doomed)
 
     def _require_fenced_ids(self, execution_ids: list[str], fences: list[Fence]) -> None:

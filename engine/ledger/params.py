@@ -227,6 +227,13 @@ class ScheduleChangesSince(msgspec.Struct, frozen=True):
     limit: int = PAGE_SIZE_MAX
 
 
+class ScheduleChangesPrune(msgspec.Struct, frozen=True):
+    """Remove the oldest changes of the feed appended before ``before``, at most ``limit``."""
+
+    before: datetime
+    limit: int = BATCH_ROWS_MAX
+
+
 class LeasesAcquire(msgspec.Struct, frozen=True):
     owner_id: str
     partition_ids: list[int]
@@ -438,6 +445,16 @@ class ExecutionsPurge(msgspec.Struct, frozen=True):
     fence: Fence
     finished_before: datetime
     limit: int = BATCH_ROWS_MAX
+    dead_letters: bool = False
+    """``False``: succeeded and skipped executions; ``True``: dead letters only."""
+
+
+class DeadLettersPurge(msgspec.Struct, frozen=True):
+    """Delete dead letters for good, on behalf of ``actor`` (audited with ``reason``)."""
+
+    execution_ids: list[str]
+    actor: str
+    reason: str | None = None
 
 
 class TaskTypesPut(msgspec.Struct, frozen=True):
@@ -492,6 +509,19 @@ class ExecutionsBackfill(msgspec.Struct, frozen=True):
     planned_at: list[datetime]
     actor: str
     reason: str | None = None
+
+
+class Backfilled(msgspec.Struct, frozen=True):
+    """What :meth:`~engine.ledger.base.Ledger.executions_backfill` did."""
+
+    inserted: list[str]
+    """The ids inserted, in the order asked for, without repeats."""
+    purged_through: datetime | None = None
+    """The schedule's purge horizon: the latest planned instant of its executions that
+    retention or a dead-letter purge removed (``None``: none was ever removed)."""
+    skipped_purged: int = 0
+    """Distinct instants asked for that were not backfilled because they are at or before
+    ``purged_through``: their history is gone, and they may have run."""
 
 
 class SchedulesCensus(msgspec.Struct, frozen=True):

@@ -31,9 +31,9 @@ async def test_triggered_and_backfilled_runs_happen_beside_the_planned_fires(
         await trio.sleep(95)
         triggered = await c.ledger.executions_trigger(ExecutionsTrigger(every[0], "ops"))
         missed = START - timedelta(minutes=30, seconds=7)  # any past instant will do
-        [backfilled] = await c.ledger.executions_backfill(
-            ExecutionsBackfill(every[1], [missed], "ops")
-        )
+        [backfilled] = (
+            await c.ledger.executions_backfill(ExecutionsBackfill(every[1], [missed], "ops"))
+        ).inserted
         await trio.sleep(300)
         executions = await all_executions(c.ledger)
     by_id = {e.execution_id: e for e in executions}

@@ -1,4 +1,4 @@
-"""``/v1/executions`` and ``/v1/dead-letters``: reading runs, and replaying dead letters."""
+"""``/v1/executions`` and ``/v1/dead-letters``: reading runs, replaying and purging dead letters."""
 
 from __future__ import annotations
 
@@ -225,3 +225,94 @@ async def test_replaying_by_a_bad_filter_gets_422(api: Api, body: dict[str, obje
     assert_problem(response, 422, "invalid-field")
     detail = (await api.client.get(f"/v1/executions/{dead}", headers=api.admin)).json()
     assert detail["execution"]["status"] == "dead-letter"
+
+
+# --- purging dead letters --------------------------------------------------------------------
+
+
+async def test_purging_one_dead_letter_deletes_it_and_audits_the_token(api: Api) -> None:
+    await api.create_schedule("purged")
+    dead = await api.dead_letter("purged")
+    response = await api.client.post(
+        f"/v1/dead-letters/{dead}:purge", json={"reason": "known noise"}, headers=api.admin
+    )
+    assert response.status_code == 200, response.text
+    assert response.json() == {"purged": [dead]}
+    gone = await api.client.get(f"/v1/executions/{dead}", headers=api.admin)
+    assert_problem(gone, 404, "not-found")
+    [event] = await api.ledger.audit_list(AuditQuery(action="dead_letter.purge"))
+    assert (event.actor, event.target) == (f"token:{api.admin_id}", dead)
+    assert event.details == {
+        "reason": "known noise",
+        "attempt": 1,
+        "error_code": "boom",
+        "schedule_id": "purged",
+    }
+    again = await api.client.post(f"/v1/dead-letters/{dead}:purge", headers=api.admin)
+    assert_problem(again, 404, "not-found")
+    assert len(await api.ledger.audit_list(AuditQuery(action="dead_letter.purge"))) == 1
+
+
+async def test_purging_a_run_that_is_not_a_dead_letter_gets_409_and_keeps_it(api: Api) -> None:
+    await api.create_schedule("kept-queued")
+    queued = await api.queued("kept-queued")
+    response = await api.client.post(f"/v1/dead-letters/{queued}:purge", headers=api.admin)
+    assert_problem(response, 409, "not-a-dead-letter")
+    detail = (await api.client.get(f"/v1/executions/{queued}", headers=api.admin)).json()
+    assert detail["execution"]["status"] == "queued"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"reason": "everything"},
+        {"all": False},
+        {"all": True, "schedule_id": "p-one"},
+        {"limit": 0, "all": True},
+        {"all": "yes"},
+        {"planned_to": "2026-03-01"},
+        {"every": True},
+    ],
+    ids=["empty", "reason-only", "all-false", "all-and-filter", "limit-0", "all-not-bool",
+         "bad-instant", "unknown-field"],
+)  # fmt: skip
+async def test_purging_by_filter_needs_a_filter_or_all_and_purges_nothing_otherwise(
+    api: Api, body: dict[str, object]
+) -> None:
+    await api.create_schedule("p-one")
+    dead = await api.dead_letter("p-one")
+    response = await api.client.post("/v1/dead-letters:purge", json=body, headers=api.admin)
+    assert response.status_code == 422, response.text
+    assert (await api.ledger.executions_get(dead)).execution.execution_id == dead
+    assert await api.ledger.audit_list(AuditQuery(action="dead_letter.purge")) == []
+
+
+async def test_purging_by_filter_deletes_the_matching_dead_letters_only(api: Api) -> None:
+    await api.create_schedule("q-one")
+    await api.create_schedule("q-two")
+    one = [await api.dead_letter("q-one") for _ in range(3)]
+    two = await api.dead_letter("q-two")
+    queued = await api.queued("q-one")
+    response = await api.client.post(
+        "/v1/dead-letters:purge",
+        json={"schedule_id": "q-one", "limit": 2, "reason": "bulk"},
+        headers=api.admin,
+    )
+    assert response.status_code == 200, response.text
+    first = response.json()["purged"]
+    assert len(first) == 2
+    assert set(first) < set(one)
+    rest = await api.client.post(
+        "/v1/dead-letters:purge", json={"schedule_id": "q-one"}, headers=api.admin
+    )
+    assert sorted(first + rest.json()["purged"]) == sorted(one)
+    remaining = await walk_pages(api.client, "/v1/dead-letters", api.admin, 100)
+    assert [item["execution_id"] for item in remaining] == [two]
+    assert (await api.ledger.executions_get(queued)).execution.execution_id == queued
+    events = await api.ledger.audit_list(AuditQuery(action="dead_letter.purge"))
+    assert sorted(e.target for e in events) == sorted(one)
+    everything = await api.client.post(
+        "/v1/dead-letters:purge", json={"all": True}, headers=api.admin
+    )
+    assert everything.json() == {"purged": [two]}

@@ -4,9 +4,9 @@ Two tenants, ``acme`` (A) and ``globex`` (B), each own a schedule, a queued exec
 dead letter. A's token gets 404 -- not 403 -- on every route that names one of B's records,
 and that 404 is byte for byte the answer for an id that does not exist (status, headers and
 body, the id aside), so A cannot tell B's ids from missing ones by any route. A never sees
-B's rows in a listing, cannot create in B, and cannot replay B's dead letters; an admin token
-sees both. Creating under an id B holds is refused as taken (409), the one thing a single
-namespace of ids tells (docs/api.md).
+B's rows in a listing, cannot create in B, and cannot replay or purge B's dead letters; an
+admin token sees both. Creating under an id B holds is refused as taken (409), the one thing
+a single namespace of ids tells (docs/api.md).
 """
 
 from __future__ import annotations
@@ -67,6 +67,8 @@ FOREIGN_ID_CASES: list[tuple[str, str, Any]] = [
     ("POST", "/v1/schedules", {**SPEC, "tenant_id": "{tenant}"}),
     ("PUT", "/v1/schedules/new-in-b", {**SPEC, "tenant_id": "{tenant}"}),
     ("POST", "/v1/dead-letters:replay", {"tenant_id": "{tenant}"}),
+    ("POST", "/v1/dead-letters/{dead}:purge", {}),
+    ("POST", "/v1/dead-letters:purge", {"tenant_id": "{tenant}"}),
 ]
 
 
@@ -171,8 +173,10 @@ async def test_tenant_token_gets_404_for_another_tenants_records(
 
 async def test_tenant_isolation_holds_for_every_case_on_every_ledger(api: Api) -> None:
     world = await build_world(api)
-    # DELETE last: its check on A's own schedule removes it.
-    for case in sorted(FOREIGN_ID_CASES, key=lambda case: case[0] == "DELETE"):
+    # DELETE and purges last: their checks on A's own records remove them.
+    for case in sorted(
+        FOREIGN_ID_CASES, key=lambda case: case[0] == "DELETE" or ":purge" in case[1]
+    ):
         await check_case(api, world, case)
     await assert_b_untouched(api, world)
 
@@ -237,6 +241,21 @@ async def test_replay_by_filter_replays_only_the_tenants_own_dead_letters(api: A
     assert everything.json() == {"replayed": [world.dead[A]]}
     dead_b = await api.ledger.executions_get(world.dead[B])
     assert str(dead_b.execution.status) == "dead-letter"
+
+
+async def test_purge_purges_only_the_tenants_own_dead_letters(api: Api) -> None:
+    world = await build_world(api)
+    by_b_schedule = await api.client.post(
+        "/v1/dead-letters:purge",
+        json={"schedule_id": world.schedule[B]},
+        headers=api.tenant(A),
+    )
+    assert by_b_schedule.json() == {"purged": []}
+    everything = await api.client.post(
+        "/v1/dead-letters:purge", json={"all": True}, headers=api.tenant(A)
+    )
+    assert everything.json() == {"purged": [world.dead[A]]}
+    await assert_b_untouched(api, world)
 
 
 async def test_admin_sees_and_changes_both_tenants(api: Api) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -14,7 +14,7 @@ from engine.ledger.base import (
     AuditQuery,
     ExecutionsQuery,
 )
-from engine.model import execution_id
+from engine.model import execution_id, parse_execution_id
 from tests.api.support import TASK_TYPE, Api, assert_problem
 
 HOUR = "2026-03-01T23:00:00Z"
@@ -190,13 +190,51 @@ async def test_backfill_inserts_past_fires_once_and_a_second_backfill_inserts_no
     assert 12 <= requested <= 13
     assert first.json()["inserted"] == requested == len(first.json()["execution_ids"])
     second = await api.client.post("/v1/schedules/history:backfill", json=body, headers=api.admin)
-    assert second.json() == {"requested": requested, "inserted": 0, "execution_ids": []}
+    assert second.json() == {
+        "requested": requested,
+        "inserted": 0,
+        "execution_ids": [],
+        "skipped_purged": 0,
+        "purged_through": None,
+    }
     assert len(await statuses(api, "history")) == requested
     events = await api.ledger.audit_list(AuditQuery(action="schedule.backfill"))
     assert [(e.actor, e.target, e.details["inserted"]) for e in events] == [
         (f"token:{api.admin_id}", "history", requested),
         (f"token:{api.admin_id}", "history", 0),
     ]
+
+
+async def test_backfill_after_a_purge_skips_the_purged_history_and_says_so(api: Api) -> None:
+    """A backfill never runs a fire again whose execution retention or a purge deleted: it
+    skips every fire up to the schedule's purged history, counting them."""
+    await api.create_schedule("purged-past")
+    now = await api.now()
+    body = {"from": format_utc(now - timedelta(minutes=30)), "to": format_utc(now)}
+    first = await api.client.post(
+        "/v1/schedules/purged-past:backfill", json=body, headers=api.admin
+    )
+    fires = first.json()["execution_ids"]
+    assert len(fires) == first.json()["requested"] >= 5
+    dead = await api.dead_letter("purged-past")  # a manual run, after every fire of the range
+    purged = await api.client.post(
+        f"/v1/dead-letters/{dead}:purge", json={"reason": "noise"}, headers=api.admin
+    )
+    assert purged.json() == {"purged": [dead]}
+    # Every fire of the range is at or before the purged history now.
+    again = await api.client.post(
+        "/v1/schedules/purged-past:backfill", json=body, headers=api.admin
+    )
+    assert again.status_code == 201, again.text
+    result = again.json()
+    assert (result["inserted"], result["execution_ids"]) == (0, [])
+    assert result["skipped_purged"] == result["requested"] == len(fires)
+    detail = await api.ledger.executions_get(fires[0])  # the rows themselves were not touched
+    assert str(detail.execution.status) == "queued"
+    purged_through = datetime.fromisoformat(result["purged_through"])
+    assert purged_through == parse_execution_id(dead)[1]
+    [_, event] = await api.ledger.audit_list(AuditQuery(action="schedule.backfill"))
+    assert event.details["skipped_purged"] == len(fires)
 
 
 async def test_backfill_over_existing_runs_inserts_only_the_missing_ones(memory_api: Api) -> None:

@@ -1,4 +1,4 @@
-"""`carillon executions` and `carillon dlq list|replay` against the real API.
+"""`carillon executions` and `carillon dlq list|replay|purge` against the real API.
 
 Dead letters are made through the ledger itself, as a node would (:func:`dead_letters`).
 """
@@ -6,9 +6,12 @@ Dead letters are made through the ledger itself, as a node would (:func:`dead_le
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 
+from engine.core.instants import format_utc
+from engine.errors import NotFound
 from engine.ledger.base import AuditQuery, Ledger
 from engine.model import ExecutionStatus
 from tests.cli.conftest import Api
@@ -123,9 +126,66 @@ async def test_dlq_replay_all_replays_every_match_of_its_filters_in_rounds(
     assert json.loads(result.out) == {"replayed": [ids["mail-1"]]}
 
 
+async def test_dlq_purge_counts_first_and_deletes_only_with_yes_in_rounds(
+    api: Api, cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("engine.cli.dlq.PURGE_ROUND_MAX", 1)  # one dead letter per request
+    ids = await dead_letters(api.ledger, LETTERS)
+    result = await cli("dlq", "purge", "--task-type", "billing")
+    assert (result.code, result.out, result.err) == (
+        0,
+        "3 dead letters match; nothing purged (add --yes to purge them)\n",
+        "",
+    )
+    result = await cli("dlq", "purge", "--all", "-o", "json")
+    assert (result.code, json.loads(result.out)) == (0, {"matching": 4})
+    assert await statuses(api.ledger, list(ids.values())) == [ExecutionStatus.DEAD_LETTER] * 4
+    result = await cli("dlq", "purge", "--task-type", "billing", "--yes", "--reason", "noise")
+    assert (result.code, result.out, result.err) == (0, "purged 3 dead letters\n", "")
+    events = await api.ledger.audit_list(AuditQuery(action="dead_letter.purge"))
+    assert sorted(e.target for e in events) == sorted(
+        ids[s] for s in ("bill-1", "bill-2", "bill-3")
+    )
+    assert {e.details["reason"] for e in events} == {"noise"}
+    for schedule_id in ("bill-1", "bill-2", "bill-3"):
+        with pytest.raises(NotFound):
+            await api.ledger.executions_get(ids[schedule_id])
+    result = await cli("dlq", "purge", "--all", "--yes", "-o", "json")
+    assert json.loads(result.out) == {"purged": [ids["mail-1"]]}
+
+
+async def test_dlq_purge_by_id_deletes_skips_the_rest_and_backfill_then_skips_its_fires(
+    api: Api, cli: Cli
+) -> None:
+    ids = await dead_letters(api.ledger, LETTERS)
+    result = await cli("dlq", "purge", ids["bill-1"], "nope:2026-01-01T00:00:00Z")
+    assert (result.code, result.out) == (0, "purged 1 of 2 dead letters\n")
+    assert "nope:2026-01-01T00:00:00Z is not a dead letter" in result.err
+    with pytest.raises(NotFound):
+        await api.ledger.executions_get(ids["bill-1"])
+    # bill-1 fires every minute: its fires up to the purged one are not backfilled again.
+    purged_at = ids["bill-1"].split(":", 1)[1]  # a minute ago
+    api.clock.advance(120)
+    now = await api.ledger.database_now()
+    window = ("--from", format_utc(now - timedelta(minutes=5)), "--to", format_utc(now))
+    result = await cli("schedule", "backfill", "bill-1", *window, "-o", "json")
+    answer = json.loads(result.out)
+    assert (answer["requested"], answer["skipped_purged"], answer["inserted"]) == (5, 3, 2)
+    assert answer["purged_through"] == purged_at
+    result = await cli("schedule", "backfill", "bill-1", *window)
+    assert result.out.endswith(
+        f"5 fires, 0 planned now, 2 had an execution already, 3 skipped: the schedule's "
+        f"history through {purged_at} was purged (they may have run)\n"
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
+        (["purge"], "name the dead letters to purge"),
+        (["purge", "--all", "--tenant", "a"], "give filters or --all, not both"),
+        (["purge", "x:1", "--all"], "give execution ids, or filters or --all, not both"),
+        (["purge", "--all", "--reason", " "], "reason must not be blank"),
         (["replay", "--all"], "--all needs --schedule, --task-type or --tenant"),
         (["replay"], "name the dead letters to replay"),
         (["replay", "x:1", "--all", "--tenant", "a"], "give execution ids or --all, not both"),

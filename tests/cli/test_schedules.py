@@ -152,7 +152,13 @@ async def test_trigger_runs_now_and_backfill_plans_past_fires_only_once(api: Api
         "3 planned now, 0 had an execution already\n",
     )
     result = await cli("schedule", "backfill", "s1", *window, "-o", "json")
-    assert json.loads(result.out) == {"requested": 3, "inserted": 0, "execution_ids": []}
+    assert json.loads(result.out) == {
+        "requested": 3,
+        "inserted": 0,
+        "execution_ids": [],
+        "skipped_purged": 0,
+        "purged_through": None,
+    }
     executions = await api.ledger.executions_query(ExecutionsQuery(schedule_id="s1"))
     assert len(executions.items) == 4
     result = await cli("schedule", "backfill", "s1", "--from", "2026-01-01T13:00:00Z",

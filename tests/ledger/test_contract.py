@@ -20,6 +20,8 @@ from engine.core.hashing import partition_of
 from engine.core.instants import format_utc
 from engine.errors import (
     AlreadyExists,
+    ChangesPruned,
+    InUse,
     InvalidField,
     LeaseLost,
     NotFound,
@@ -35,8 +37,10 @@ from engine.ledger.base import (
     STATS_BUCKETS_MAX,
     AttemptRef,
     AuditQuery,
+    Backfilled,
     ChangeKind,
     Completion,
+    DeadLettersPurge,
     DeadLettersReplay,
     DueCursor,
     ExecutionsBackfill,
@@ -59,6 +63,7 @@ from engine.ledger.base import (
     Outcome,
     PlannedExecution,
     ScheduleAdvance,
+    ScheduleChangesPrune,
     ScheduleChangesSince,
     ScheduleGroup,
     SchedulesCensus,
@@ -370,6 +375,42 @@ async def test_change_head_is_where_a_new_reader_starts(backend: Backend) -> Non
     assert await backend.ledger.schedule_changes(ScheduleChangesSince(after_seq=head)) == []
 
 
+async def test_change_prune_removes_an_old_prefix_and_refuses_readers_below_it(
+    backend: Backend,
+) -> None:
+    await backend.ledger.schedules_create(SchedulesCreate([schedule("p1"), schedule("p2")]))
+    await backend.advance(0.05)
+    cutoff = await backend.ledger.database_now()
+    await backend.ledger.schedules_create(SchedulesCreate([schedule("p3")]))
+    seqs = [c.seq for c in await backend.ledger.schedule_changes(ScheduleChangesSince(0))]
+    assert await backend.ledger.schedule_changes_prune(ScheduleChangesPrune(cutoff, 1)) == 1
+    assert await backend.ledger.schedule_changes_prune(ScheduleChangesPrune(cutoff)) == 1
+    # p3's change is younger than the cutoff: kept, and so is everything after it.
+    assert await backend.ledger.schedule_changes_prune(ScheduleChangesPrune(cutoff)) == 0
+    [kept] = await backend.ledger.schedule_changes(ScheduleChangesSince(seqs[1]))
+    assert (kept.seq, kept.schedule_id) == (seqs[2], "p3")
+    for behind in (0, seqs[0]):
+        with pytest.raises(ChangesPruned) as caught:
+            await backend.ledger.schedule_changes(ScheduleChangesSince(behind))
+        assert caught.value.pruned_through == seqs[1]
+    # Pruned to the end, the feed still starts new readers after every pruned change.
+    await backend.advance(0.05)
+    now = await backend.ledger.database_now()
+    assert await backend.ledger.schedule_changes_prune(ScheduleChangesPrune(now)) == 1
+    assert await backend.ledger.schedule_changes_head() == seqs[2]
+    assert await backend.ledger.schedule_changes(ScheduleChangesSince(seqs[2])) == []
+    await backend.ledger.schedules_create(SchedulesCreate([schedule("p4")]))
+    [newer] = await backend.ledger.schedule_changes(ScheduleChangesSince(seqs[2]))
+    assert newer.seq > seqs[2]
+    for params in (
+        ScheduleChangesPrune(now.replace(tzinfo=None)),
+        ScheduleChangesPrune(now, 0),
+        ScheduleChangesPrune(now, BATCH_ROWS_MAX + 1),
+    ):
+        with pytest.raises(InvalidField):
+            await backend.ledger.schedule_changes_prune(params)
+
+
 async def test_change_wait_returns_at_once_for_a_pending_change_and_times_out(
     backend: Backend,
 ) -> None:
@@ -623,11 +664,11 @@ async def test_a_grant_cannot_be_withdrawn_from_tenants_with_live_schedules(
         )
     )
     for narrower in (("globex",), ("initech",)):
-        with pytest.raises(InvalidField, match=r"no longer be available to: 'acme' \(2\)"):
+        with pytest.raises(InUse, match=r"no longer be available to: 'acme' \(2\)"):
             await ledger.task_types_put(
                 TaskTypesPut(webhook_type("hook", allowed_tenants=narrower))
             )
-    with pytest.raises(InvalidField, match=r"'acme' \(2\), 'globex' \(1\)"):
+    with pytest.raises(InUse, match=r"'acme' \(2\), 'globex' \(1\)"):
         await ledger.task_types_put(TaskTypesPut(webhook_type("hook", tenant_id="initech")))
     assert (await ledger.task_types_get("hook")).version == 1
     # Granting more, or keeping every user, is a plain change; deleted schedules hold nothing.
@@ -664,7 +705,7 @@ async def test_a_task_type_cannot_be_deleted_while_live_schedules_name_it(
     await backend.ledger.task_types_put(TaskTypesPut(webhook_type("report")))
     batch = [schedule(f"r{n}", task_type="report") for n in range(7)]
     await backend.ledger.schedules_create(SchedulesCreate(batch))
-    with pytest.raises(InvalidField, match=r"used by 7 schedules \(r0, r1, r2, r3, r4 and 2 more"):
+    with pytest.raises(InUse, match=r"used by 7 schedules \(r0, r1, r2, r3, r4 and 2 more"):
         await backend.ledger.task_types_delete("report")
     assert (await backend.ledger.task_types_get("report")).version == 1
     for n in range(6):
@@ -682,16 +723,17 @@ async def test_a_task_type_cannot_be_deleted_while_live_schedules_name_it(
 
 async def test_one_live_schedule_blocks_a_delete_and_is_named(backend: Backend) -> None:
     await backend.ledger.schedules_create(SchedulesCreate([schedule("only")]))
-    with pytest.raises(InvalidField, match=r"'noop' is still used by 1 schedule \(only\)"):
+    with pytest.raises(InUse, match=r"'noop' is still used by 1 schedule \(only\)"):
         await backend.ledger.task_types_delete("noop")
 
 
 async def succeeds(call: Awaitable[object], outcomes: dict[str, bool], key: str) -> None:
-    """Record whether ``call`` succeeded or was refused as ``InvalidField``."""
+    """Record whether ``call`` succeeded or was refused (a create naming a task type that is
+    gone: ``InvalidField``; a delete of one still in use: ``InUse``)."""
     try:
         await call
         outcomes[key] = True
-    except InvalidField:
+    except (InvalidField, InUse):
         outcomes[key] = False
 
 
@@ -1342,6 +1384,120 @@ async def test_retention_purges_old_terminal_rows_but_keeps_dead_letters(
         )
 
 
+async def finished(
+    backend: Backend, fence: Fence, sids: list[str], at: datetime, outcome: Outcome
+) -> list[str]:
+    """Plan ``sids`` at ``at``, run them once and finish them with ``outcome``."""
+    await planned(backend, fence, sids, at)
+    eids = [execution_id(s, at) for s in sids]
+    claimed = await backend.ledger.executions_claim(ExecutionsClaim([fence], eids, 30, "n"))
+    await backend.ledger.executions_complete(
+        ExecutionsComplete(
+            [fence], [Completion(c.execution_id, c.attempt, outcome) for c in claimed]
+        )
+    )
+    return eids
+
+
+async def test_retention_of_dead_letters_purges_only_old_dead_letters(backend: Backend) -> None:
+    sids = ids_in_partition(5, 2, prefix="dl")
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(s) for s in sids]))
+    fence = await own(backend, 5)
+    at = (await backend.ledger.database_now()).replace(microsecond=0) - timedelta(minutes=2)
+    [letter] = await finished(backend, fence, sids[:1], at, Outcome.DEAD_LETTER)
+    [done] = await finished(backend, fence, sids[1:], at, Outcome.SUCCEEDED)
+    await backend.advance(0.05)
+    cutoff = await backend.ledger.database_now()
+    await finished(backend, fence, sids[:1], at + timedelta(minutes=1), Outcome.DEAD_LETTER)
+    purge = ExecutionsPurge(fence, cutoff, dead_letters=True)
+    assert await backend.ledger.executions_purge(purge) == 1
+    assert await backend.ledger.executions_purge(purge) == 0
+    with pytest.raises(NotFound):
+        await backend.ledger.executions_get(letter)
+    left = await backend.ledger.executions_query(ExecutionsQuery())
+    assert [(e.execution_id, e.status) for e in left.items] == [
+        (done, ExecutionStatus.SUCCEEDED),
+        (execution_id(sids[0], at + timedelta(minutes=1)), ExecutionStatus.DEAD_LETTER),
+    ]
+
+
+async def test_dead_letter_purge_deletes_dead_letters_only_and_audits_each(
+    backend: Backend,
+) -> None:
+    sids = ids_in_partition(6, 3, prefix="purge")
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(s) for s in sids]))
+    fence = await own(backend, 6)
+    at = (await backend.ledger.database_now()).replace(microsecond=0) - timedelta(minutes=3)
+    letters = await finished(backend, fence, sids[:2], at, Outcome.DEAD_LETTER)
+    [done] = await finished(backend, fence, sids[2:], at, Outcome.SUCCEEDED)
+    for refused, match in (
+        (DeadLettersPurge(letters, ""), "actor"),
+        (DeadLettersPurge(letters, "ops", ""), "reason"),
+        (DeadLettersPurge(["x"] * (BATCH_ROWS_MAX + 1), "ops"), str(BATCH_ROWS_MAX)),
+    ):
+        with pytest.raises(InvalidField, match=match):
+            await backend.ledger.dead_letters_purge(refused)
+    asked = [letters[1], done, "nope:2026-01-01T00:00:00Z", letters[0], letters[1]]
+    purged = await backend.ledger.dead_letters_purge(DeadLettersPurge(asked, "ops", "noise"))
+    assert purged == [letters[1], letters[0]]
+    for key in letters:
+        with pytest.raises(NotFound):
+            await backend.ledger.executions_get(key)
+    assert (await backend.ledger.executions_get(done)).execution.status is ExecutionStatus.SUCCEEDED
+    events = await backend.ledger.audit_list(AuditQuery(action="dead_letter.purge"))
+    assert [(e.actor, e.target, e.details) for e in events] == [
+        (
+            "ops",
+            key,
+            {"reason": "noise", "attempt": 1, "error_code": None, "schedule_id": sid},
+        )
+        for key, sid in ((letters[1], sids[1]), (letters[0], sids[0]))
+    ]
+    assert await backend.ledger.dead_letters_purge(DeadLettersPurge(letters, "ops")) == []
+    assert len(await backend.ledger.audit_list(AuditQuery(action="dead_letter.purge"))) == 2
+    # A purged dead letter is purged history: a backfill does not run its fire again.
+    result = await backend.ledger.executions_backfill(ExecutionsBackfill(sids[0], [at], "ops"))
+    assert result == Backfilled([], at, 1)
+
+
+async def test_backfill_skips_the_fires_whose_history_retention_purged(
+    backend: Backend,
+) -> None:
+    partition = 4
+    [sid] = ids_in_partition(partition, 1, prefix="kept")
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+    fence = await own(backend, partition)
+    t0 = (await backend.ledger.database_now()).replace(microsecond=0) - timedelta(minutes=10)
+    t1 = t0 + timedelta(minutes=1)
+    await finished(backend, fence, [sid], t0, Outcome.SUCCEEDED)
+    await finished(backend, fence, [sid], t1, Outcome.SUCCEEDED)
+    await backend.advance(0.05)
+    cutoff = await backend.ledger.database_now()
+    assert await backend.ledger.executions_purge(ExecutionsPurge(fence, cutoff)) == 2
+    asked = [t0 - timedelta(minutes=1), t0, t1, t1 + timedelta(minutes=1)]
+    result = await backend.ledger.executions_backfill(ExecutionsBackfill(sid, asked, "ops"))
+    assert result == Backfilled([execution_id(sid, asked[3])], t1, 3)
+    [event] = await backend.ledger.audit_list(AuditQuery(action="schedule.backfill"))
+    assert (event.details["inserted"], event.details["skipped_purged"]) == (1, 3)
+    # The horizon outlives the schedule: its id created again has the same execution ids.
+    await backend.ledger.schedules_delete(SchedulesDelete(sid))
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+    again = await backend.ledger.executions_backfill(ExecutionsBackfill(sid, [t1], "ops"))
+    assert again == Backfilled([], t1, 1)
+    assert await backend.ledger.executions_backfill(ExecutionsBackfill(sid, [], "ops")) == (
+        Backfilled([], t1)
+    )
+    # Purging an older fire later never moves the horizon back.
+    await backend.ledger.executions_skip(
+        ExecutionsSkip([fence], [execution_id(sid, asked[3])], "test")
+    )
+    await backend.advance(0.05)
+    cutoff = await backend.ledger.database_now()
+    assert await backend.ledger.executions_purge(ExecutionsPurge(fence, cutoff)) == 1
+    latest = await backend.ledger.executions_backfill(ExecutionsBackfill(sid, [t1], "ops"))
+    assert latest.purged_through == asked[3]
+
+
 async def test_batches_over_the_limit_are_refused(backend: Backend) -> None:
     fence = await own(backend, 0)
     at = await backend.ledger.database_now()
@@ -1942,11 +2098,11 @@ async def test_backfill_inserts_past_fires_once_each_and_is_audited_once(
     instants = [hour - timedelta(hours=2), hour - timedelta(hours=1), now]
     paris = instants[1].astimezone(timezone(timedelta(hours=2)))  # the same instant again
     asked = [instants[1], instants[0], paris, instants[2]]
-    inserted = await backend.ledger.executions_backfill(
+    result = await backend.ledger.executions_backfill(
         ExecutionsBackfill(sid, asked, "ops", "the outage of 1 March")
     )
     ids = [execution_id(sid, instant) for instant in instants]
-    assert inserted == [ids[1], ids[0], ids[2]]
+    assert result == Backfilled([ids[1], ids[0], ids[2]], None, 0)
     for key, instant in zip(ids, instants, strict=True):
         execution = (await backend.ledger.executions_get(key)).execution
         assert (execution.status, execution.planned_at, execution.partition_id) == (
@@ -1965,11 +2121,14 @@ async def test_backfill_inserts_past_fires_once_each_and_is_audited_once(
             "first": format_utc(instants[0]),
             "last": format_utc(instants[2]),
             "reason": "the outage of 1 March",
+            "skipped_purged": 0,
         },
     )
     [change] = await backend.ledger.schedule_changes(ScheduleChangesSince(head))
     assert (change.kind, change.version) == (ChangeKind.EXECUTIONS_ADDED, stored.version)
-    assert await backend.ledger.executions_backfill(ExecutionsBackfill(sid, [], "ops")) == []
+    assert await backend.ledger.executions_backfill(ExecutionsBackfill(sid, [], "ops")) == (
+        Backfilled([])
+    )
     assert len(await backend.ledger.audit_list(AuditQuery(action="schedule.backfill"))) == 1
 
 
@@ -1996,7 +2155,7 @@ async def test_backfill_over_runs_that_happened_inserts_nothing(backend: Backend
     before = [(await backend.ledger.executions_get(key)).execution for key in ids]
     head = await backend.ledger.schedule_changes_head()
     backfill = ExecutionsBackfill(sid, [ran, skipped, pending], "ops")
-    assert await backend.ledger.executions_backfill(backfill) == []
+    assert await backend.ledger.executions_backfill(backfill) == Backfilled([])
     assert [(await backend.ledger.executions_get(key)).execution for key in ids] == before
     assert [e.status for e in before] == [
         ExecutionStatus.SUCCEEDED,

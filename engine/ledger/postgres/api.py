@@ -20,6 +20,7 @@ import asyncpg
 from engine.errors import NotFound
 from engine.ledger.base import (
     CENSUS_GROUPS_MAX,
+    Backfilled,
     ChangeKind,
     ExecutionsBackfill,
     ExecutionsBucket,
@@ -36,6 +37,7 @@ from engine.ledger.common import (
     backfill_instants,
     check_stats,
     check_token_hash,
+    not_purged,
     token_audit_details,
     token_hash_taken,
     token_id_taken,
@@ -141,7 +143,7 @@ async def executions_trigger(store: Store, params: ExecutionsTrigger) -> Executi
     return execution
 
 
-async def executions_backfill(store: Store, params: ExecutionsBackfill) -> list[str]:
+async def executions_backfill(store: Store, params: ExecutionsBackfill) -> Backfilled:
     instants = backfill_instants(params)
     actor = validate_actor(params.actor)
     reason = validate_reason(params.reason)
@@ -149,26 +151,32 @@ async def executions_backfill(store: Store, params: ExecutionsBackfill) -> list[
     async with store.transaction() as connection:
         schedule = await _lock_schedule(connection, schedule_id)
         if not instants:
-            return []
+            horizon = await connection.fetchval(sql_api.PURGE_MARK_GET, schedule_id)
+            return Backfilled([], horizon)
         future = backfill_in_future(instants, schedule["now"])
         if future is not None:
             raise future
-        ids = [execution_id(schedule_id, at) for at in instants]
+        # Locked (created if need be) before anything is inserted: a purge of this
+        # schedule's executions waits for this transaction, or has already moved it on.
+        horizon = await connection.fetchval(sql_api.PURGE_MARK_LOCK, schedule_id)
+        kept = not_purged(instants, horizon)
+        skipped = len(instants) - len(kept)
+        ids = [execution_id(schedule_id, at) for at in kept]
         rows = await connection.fetch(
             sql_api.EXECUTIONS_INSERT_ADDED,
             ids,
-            instants,
+            kept,
             schedule_id,
             schedule["tenant_id"],
             schedule["task_type"],
             schedule["partition_id"],
         )
         inserted = in_order(ids, (row["execution_id"] for row in rows))
-        details = backfill_audit_details(len(inserted), instants, reason)
+        details = backfill_audit_details(len(inserted), instants, reason, skipped)
         await _audit(connection, actor, AuditAction.SCHEDULE_BACKFILL, schedule_id, details)
         if inserted:
             await _note_added(connection, schedule_id, schedule)
-    return inserted
+    return Backfilled(inserted, horizon, skipped)
 
 
 # --- schedule count and census --------------------------------------------------------------

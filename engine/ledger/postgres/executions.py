@@ -377,10 +377,14 @@ async def executions_query(store: Store, params: ExecutionsQuery) -> Page[Execut
 async def executions_purge(store: Store, params: ExecutionsPurge) -> int:
     limit = check_limit(params.limit, BATCH_ROWS_MAX)
     before = aware(params.finished_before, field="finished_before")
+    select = sql.DEAD_LETTERS_EXPIRED_SELECT if params.dead_letters else sql.EXECUTIONS_PURGE_SELECT
     async with store.transaction() as connection:
         await require_fences(connection, [params.fence])
+        rows = await connection.fetch(select, params.fence.partition_id, before, limit)
+        if not rows:
+            return 0
         purged: int = await connection.fetchval(
-            sql.EXECUTIONS_PURGE, params.fence.partition_id, before, limit
+            sql.EXECUTIONS_DELETE, [row["execution_id"] for row in rows]
         )
     return purged
 

@@ -42,8 +42,10 @@ import trio
 from engine.errors import ConfigError, InvalidField
 from engine.ledger.base import (
     AuditQuery,
+    Backfilled,
     ClusterSettings,
     CompleteResult,
+    DeadLettersPurge,
     DeadLettersReplay,
     ExecutionDetail,
     ExecutionsBackfill,
@@ -70,6 +72,7 @@ from engine.ledger.base import (
     RegionChange,
     RegionFailover,
     ScheduleChange,
+    ScheduleChangesPrune,
     ScheduleChangesSince,
     ScheduleGroup,
     SchedulesCensus,
@@ -181,6 +184,9 @@ class PostgresLedger:
     async def schedule_changes_head(self) -> int:
         return await self._run(schedules.schedule_changes_head, None)
 
+    async def schedule_changes_prune(self, params: ScheduleChangesPrune) -> int:
+        return await self._run(schedules.schedule_changes_prune, params)
+
     async def schedule_changes_wait(self, after_seq: int, timeout_s: float) -> bool:
         if not timeout_s >= 0:
             raise InvalidField(f"timeout_s must be zero or more seconds, got {timeout_s}")
@@ -284,10 +290,13 @@ class PostgresLedger:
     async def dead_letters_replay(self, params: DeadLettersReplay) -> list[str]:
         return await self._run(audit.dead_letters_replay, params)
 
+    async def dead_letters_purge(self, params: DeadLettersPurge) -> list[str]:
+        return await self._run(audit.dead_letters_purge, params)
+
     async def executions_trigger(self, params: ExecutionsTrigger) -> Execution:
         return await self._run(api.executions_trigger, params)
 
-    async def executions_backfill(self, params: ExecutionsBackfill) -> list[str]:
+    async def executions_backfill(self, params: ExecutionsBackfill) -> Backfilled:
         return await self._run(api.executions_backfill, params)
 
     async def audit_list(self, params: AuditQuery) -> list[AuditEvent]:

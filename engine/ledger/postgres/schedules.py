@@ -38,6 +38,7 @@ from engine.ledger.base import (
     Page,
     PlannableSchedule,
     ScheduleChange,
+    ScheduleChangesPrune,
     ScheduleChangesSince,
     SchedulesCreate,
     SchedulesDelete,
@@ -49,12 +50,14 @@ from engine.ledger.base import (
     unknown_task_types,
 )
 from engine.ledger.common import (
+    changes_pruned,
     check_id_prefix,
     quota_exceeded,
     unusable_task_types,
 )
 from engine.ledger.postgres import sql, sql_api
 from engine.ledger.postgres.rows import (
+    aware,
     aware_or_none,
     change_from_row,
     check_batch,
@@ -274,14 +277,25 @@ async def schedule_changes(store: Store, params: ScheduleChangesSince) -> list[S
     limit = check_limit(params.limit, PAGE_SIZE_MAX)
     async with store.connection() as connection:
         rows = await connection.fetch(sql.CHANGES_SINCE, params.after_seq, limit)
-    return [change_from_row(row) for row in rows]
+    pruned_through: int = rows[0]["through"]
+    if params.after_seq < pruned_through:
+        raise changes_pruned(params.after_seq, pruned_through)
+    return [change_from_row(row) for row in rows if row["seq"] is not None]
 
 
 async def schedule_changes_head(store: Store, _: None) -> int:
-    """The newest committed ``seq`` (0 when the feed is empty)."""
+    """The newest committed ``seq``, or the newest pruned one (0 when neither)."""
     async with store.connection() as connection:
         newest: int = await connection.fetchval(sql.CHANGES_NEWEST)
     return newest
+
+
+async def schedule_changes_prune(store: Store, params: ScheduleChangesPrune) -> int:
+    limit = check_limit(params.limit, BATCH_ROWS_MAX)
+    before = aware(params.before, field="before")
+    async with store.connection() as connection:
+        pruned: int = await connection.fetchval(sql.CHANGES_PRUNE, before, limit)
+    return pruned
 
 
 # --- helpers ---------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from engine.ledger.postgres.sql_columns import (
     LEASE_COLUMNS,
     MIGRATION_LOCK_KEY,
     NODE_COLUMNS,
+    PURGE_MARKS_UPSERT,
     SCHEDULE_COLUMNS,
     TASK_TYPE_COLUMNS,
     TENANT_COLUMNS,
@@ -281,11 +282,42 @@ SELECT newest.seq, pg_notify('{CHANGES_CHANNEL}', newest.seq::text) FROM newest
 """Append changes and NOTIFY listeners (delivered at commit, with the newest seq)."""
 
 CHANGES_SINCE: Final = """
-SELECT seq, schedule_id, partition_id, kind, version FROM schedule_changes
-WHERE seq > $1 ORDER BY seq LIMIT $2
+SELECT p.through, c.seq, c.schedule_id, c.partition_id, c.kind, c.version
+FROM schedule_changes_pruned AS p
+LEFT JOIN LATERAL (
+    SELECT seq, schedule_id, partition_id, kind, version FROM schedule_changes
+    WHERE seq > $1 ORDER BY seq LIMIT $2
+) AS c ON true
+ORDER BY c.seq
+"""
+"""The changes after ``$1`` and the newest pruned ``seq`` (``through``, on every row; one
+row with a NULL ``seq`` when there are no changes), in one statement: one snapshot, so a
+prune cannot fall between the check and the read."""
+
+CHANGES_NEWEST: Final = """
+SELECT greatest(coalesce(max(seq), 0), (SELECT through FROM schedule_changes_pruned))
+FROM schedule_changes
 """
 
-CHANGES_NEWEST: Final = "SELECT coalesce(max(seq), 0) FROM schedule_changes"
+CHANGES_PRUNE: Final = """
+WITH oldest AS (
+    SELECT seq, at FROM schedule_changes ORDER BY seq LIMIT $2
+), young AS (
+    SELECT min(seq) AS seq FROM oldest WHERE at >= $1
+), doomed AS (
+    DELETE FROM schedule_changes AS c USING oldest
+    WHERE c.seq = oldest.seq AND oldest.seq < coalesce((SELECT seq FROM young), oldest.seq + 1)
+    RETURNING c.seq
+), moved AS (
+    UPDATE schedule_changes_pruned SET through = greatest(through, (SELECT max(seq) FROM doomed))
+    WHERE EXISTS (SELECT 1 FROM doomed)
+)
+SELECT count(*) FROM doomed
+"""
+"""Delete the oldest changes (at most ``$2``) up to the first one appended at or after
+``$1``, and move the pruned watermark on to the newest deleted, in one statement. Served by
+the primary key; a concurrent prune of the same rows waits for this one, then deletes (and
+counts) nothing."""
 
 # --- leases, membership, checkpoints ----------------------------------------------------
 
@@ -462,27 +494,46 @@ ORDER BY u.position
 """
 """Append events of one actor and action, numbered in the order of the targets given."""
 
-EXECUTIONS_PURGE: Final = """
+
+def _executions_purge_select(condition: str) -> str:
+    return f"""
 WITH doomed AS (
-    SELECT execution_id FROM executions
-    WHERE partition_id = $1
-      AND status IN ('succeeded', 'skipped')
-      AND finished_at < $2
+    SELECT execution_id, schedule_id, planned_at FROM executions
+    WHERE partition_id = $1 AND {condition}
     ORDER BY finished_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED
-), history AS (
-    DELETE FROM execution_attempts AS a USING doomed
-    WHERE a.execution_id = doomed.execution_id
+), marked AS ({PURGE_MARKS_UPSERT})
+SELECT execution_id FROM doomed
+"""
+
+
+EXECUTIONS_PURGE_SELECT: Final = _executions_purge_select(
+    "status IN ('succeeded', 'skipped') AND finished_at < $2"
+)
+"""Lock the oldest succeeded or skipped executions of partition ``$1`` finished before
+``$2`` (at most ``$3``; executions_retention_idx) and record their schedules' purge horizon,
+*before* :data:`EXECUTIONS_DELETE` removes them (a backfill locks its mark first)."""
+
+DEAD_LETTERS_EXPIRED_SELECT: Final = _executions_purge_select(
+    "status = 'dead-letter' AND planned_at < $2 AND finished_at < $2"
+)
+"""As :data:`EXECUTIONS_PURGE_SELECT`, for the dead letters of partition ``$1`` finished
+before ``$2``. Such a letter was also planned before ``$2``, which bounds the range read of
+executions_dead_letter_idx (planned_at) to the old dead letters of every partition."""
+
+EXECUTIONS_DELETE: Final = """
+WITH history AS (
+    DELETE FROM execution_attempts WHERE execution_id = ANY($1::text[])
 ), purged AS (
-    DELETE FROM executions AS e USING doomed
-    WHERE e.execution_id = doomed.execution_id
+    DELETE FROM executions WHERE execution_id = ANY($1::text[])
     RETURNING 1
 )
 SELECT count(*) FROM purged
 """
-"""Delete old terminal executions and their attempt history, in one statement (the history
-table has no foreign key: checking one on every completion cost a fifth of its time)."""
+"""Delete executions (locked by the statement before) and their attempt history, in one
+statement (the history table has no foreign key: checking one on every completion cost a
+fifth of its time)."""
 
 # --- listings: fixed fragments, composed per filter combination --------------------------
 

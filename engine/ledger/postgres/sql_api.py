@@ -55,6 +55,20 @@ FOR SHARE
 they copy from it with the server's clock at that moment (``now``: a trigger's instant, the
 bound a backfill's instants must not pass)."""
 
+PURGE_MARK_GET: Final = """
+SELECT purged_through FROM execution_purge_marks WHERE schedule_id = $1
+"""
+"""The schedule's purge horizon (NULL: nothing of it was ever purged)."""
+
+PURGE_MARK_LOCK: Final = """
+INSERT INTO execution_purge_marks AS m (schedule_id, purged_through) VALUES ($1, NULL)
+ON CONFLICT (schedule_id) DO UPDATE SET purged_through = m.purged_through
+RETURNING purged_through
+"""
+"""Read the schedule's purge horizon with its row locked until commit (inserted, empty, if
+absent), so that no purge of the schedule's executions can commit between this read and
+the backfill's inserts; a purge that holds the row already is waited for and then seen."""
+
 _INSERT_ADDED: Final = """
 INSERT INTO executions (
     execution_id, schedule_id, tenant_id, task_type, partition_id, planned_at, status,

@@ -54,3 +54,13 @@ TOKEN_COLUMNS: Final = "token_id, scope, description, created_at, revoked_at"
 
 def prefixed(columns: str, alias: str) -> str:
     return ", ".join(f"{alias}.{column.strip()}" for column in columns.split(","))
+
+
+PURGE_MARKS_UPSERT: Final = """
+INSERT INTO execution_purge_marks AS m (schedule_id, purged_through)
+SELECT schedule_id, max(planned_at) FROM doomed GROUP BY schedule_id ORDER BY schedule_id
+ON CONFLICT (schedule_id) DO UPDATE
+SET purged_through = greatest(m.purged_through, excluded.purged_through)
+"""
+"""Move the purge horizon of the schedules of the ``doomed`` executions on (never back), in
+schedule order (so concurrent purges lock the rows in one order)."""

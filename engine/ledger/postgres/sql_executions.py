@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from typing import Final
 
-from engine.ledger.postgres.sql_columns import CAP_LOCK_SPACE, EXECUTION_COLUMNS, prefixed
+from engine.ledger.postgres.sql_columns import (
+    CAP_LOCK_SPACE,
+    EXECUTION_COLUMNS,
+    PURGE_MARKS_UPSERT,
+    prefixed,
+)
 
 # --- execution --------------------------------------------------------------------------
 
@@ -293,3 +298,16 @@ RETURNING e.execution_id, letters.attempt, letters.error_code
 """
 """Replay dead letters, returning what the audit trail records of each: its attempt count
 and the error code it was dead-lettered with (read, locked, before the update clears it)."""
+
+DEAD_LETTERS_PURGE_SELECT: Final = f"""
+WITH doomed AS (
+    SELECT execution_id, schedule_id, planned_at, attempt, error_code FROM executions
+    WHERE execution_id = ANY($1::text[]) AND status = 'dead-letter'
+    ORDER BY execution_id
+    FOR UPDATE
+), marked AS ({PURGE_MARKS_UPSERT})
+SELECT execution_id, schedule_id, attempt, error_code FROM doomed
+"""
+"""Lock the dead letters among ``$1`` and move their schedules' purge horizon on, returning
+what the audit trail records of each; :data:`~engine.ledger.postgres.sql.EXECUTIONS_DELETE`
+then removes them (an operator's purge)."""
