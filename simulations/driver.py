@@ -93,6 +93,9 @@ class ApiClient:
         """The ``sim`` task type (and the ``hook`` type, with ``hook_timeout_s``: the same
         handler and retry policy, its own timeout) and the initial schedules."""
         types = [(TASK_TYPE, task.timeout_s)]
+        # A python task type is granted to tenants by name: the workload's, and those of
+        # the schedules a user gave (`carillon simulate`).
+        tenants = tuple(sorted({*TENANTS, *(schedule.tenant_id for schedule in schedules)}))
         if hook_timeout_s is not None:
             types.append((HOOK_TYPE, hook_timeout_s))
         for name, timeout_s in types:
@@ -101,7 +104,7 @@ class ApiClient:
                     TaskType(
                         name=name,
                         kind=HandlerKind.PYTHON,
-                        allowed_tenants=TENANTS,
+                        allowed_tenants=tenants,
                         settings={"callable": HANDLER, "timeout_s": timeout_s},
                         timeout_s=timeout_s,
                         max_attempts=task.max_attempts,

@@ -274,7 +274,16 @@ def unknown_task_types(unknown: list[tuple[str, str]]) -> InvalidField:
             f"unknown task type {name!r} for tenant {tenant!r} ({why}); an admin creates or "
             f"grants it with `carillon task-type set {name} --kind ... --allow {tenant}`"
         )
-    shown = ", ".join(f"{name!r} for tenant {tenant!r}" for name, tenant in unknown)
+    tenants: dict[str, list[str]] = {}
+    for name, tenant in unknown:
+        tenants.setdefault(name, []).append(repr(tenant))
+    shown = ", ".join(
+        f"{name!r} for tenant {listed[0]}"
+        if len(listed) == 1
+        else f"{name!r} for tenants {', '.join(listed[:5])}"
+        + (f" and {len(listed) - 5} more" if len(listed) > 5 else "")
+        for name, listed in tenants.items()
+    )
     return InvalidField(
         f"unknown task types {shown} (each does not exist, or is not granted to that tenant); "
         "an admin creates or grants each with `carillon task-type set NAME --kind ... --allow "

@@ -27,8 +27,8 @@ from engine.testing import SkewedClock
 from tests.ledger.backends import put_noop_task_type
 
 TEST_TENANTS: tuple[str, ...] = (
-    *("default", "acme", "t", "big", "heavy", "light", "quota"),
-    *(f"tenant-{n}" for n in range(20)),
+    *("default", "acme", "t", "t1", "t2", "t3", "big", "heavy", "middle", "light", "quota"),
+    *(f"{prefix}-{n}" for prefix in ("tenant", "small", "burst") for n in range(20)),
 )
 """Every tenant the actor tests' schedules use: python and shell task types are granted to
 tenants by name, never to every tenant."""
