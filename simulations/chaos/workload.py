@@ -117,6 +117,7 @@ class Api:
                     "max_attempts": 10,
                     "backoff_base_s": config.backoff_base_s,
                     "backoff_max_s": config.backoff_max_s,
+                    "allowed_tenants": ["*"],  # every tenant of the workload
                 },
             )
         )
