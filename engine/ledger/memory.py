@@ -112,6 +112,7 @@ from engine.ledger.base import (
 from engine.ledger.common import check_id_prefix
 from engine.ledger.params import plannable
 from engine.model import (
+    ConsoleSession,
     Execution,
     ExecutionStatus,
     PlannerCheckpoint,
@@ -165,6 +166,8 @@ class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
         )
         self._audit = AuditLog()
         self._tokens = TokenTable()
+        self._sessions: dict[bytes, ConsoleSession] = {}
+        """Console sessions by the hash of their id."""
 
     def _now(self) -> datetime:
         now = self._clock.now()
