@@ -26,7 +26,7 @@ from engine.ledger.base import Ledger, TokensRevoke
 from engine.model import ConsoleSession
 from engine.node import Node
 from engine.testing import ManualClock
-from tests.api.support import START, memory_ledger, prepare_ledger, serve
+from tests.api.support import START, SwitchableLedger, memory_ledger, prepare_ledger, serve
 from tests.console.support import Console, assert_secured, csrf_of, sign_in
 
 
@@ -350,6 +350,31 @@ async def test_static_assets_are_served_with_validators(memory_console: Console)
     )
     assert again.status_code == 304
     assert (await client.get("/ui/static/../app.py")).status_code == 404
+
+
+async def test_with_the_database_down_sessions_answer_503_pages_and_sign_out_ends_nothing() -> None:
+    switch: list[SwitchableLedger] = []
+
+    def wrap(inner: Ledger) -> Ledger:
+        switch.append(SwitchableLedger(inner))
+        return switch[0].as_ledger()
+
+    async with console_with(ConsoleSettings(), wrap) as console:
+        [ledger] = switch
+        browser = await console.signed_in()
+        console.api.clock.advance(SESSION_CACHE_TTL_S + 0.1)
+        ledger.down = True
+        page = await browser.client.get("/ui/overview")
+        assert page.status_code == 503
+        assert_secured(page)
+        response = await browser.post("/ui/logout", {})
+        assert response.status_code == 503  # not signed out: the session was not revoked
+        assert SESSION_COOKIE in browser.client.cookies
+        refused = await sign_in(console.browser(), console.api.tokens["tenant:acme"][1])
+        assert refused.status_code == 503
+        ledger.down = False
+        assert (await browser.client.get("/ui/overview")).status_code == 200
+        assert (await browser.post("/ui/logout", {})).status_code == 303
 
 
 def test_a_node_serves_the_console_with_its_configured_session_settings() -> None:
