@@ -21,7 +21,7 @@ from engine.config import (
     CONSOLE_SESSION_LIFETIME_S_DEFAULT,
     NodeConfig,
 )
-from engine.errors import NotFound
+from engine.errors import LedgerUnavailable, NotFound
 from engine.ledger.base import Ledger, TokensRevoke
 from engine.model import ConsoleSession
 from engine.node import Node
@@ -375,6 +375,23 @@ async def test_with_the_database_down_sessions_answer_503_pages_and_sign_out_end
         ledger.down = False
         assert (await browser.client.get("/ui/overview")).status_code == 200
         assert (await browser.post("/ui/logout", {})).status_code == 303
+
+
+class RevokeFailingLedger(CountingLedger):
+    """A ledger whose ``sessions_revoke`` fails as if the database had just gone away."""
+
+    async def sessions_revoke(self, session_hash: bytes) -> None:
+        raise LedgerUnavailable("the database went away")
+
+
+async def test_a_sign_in_that_cannot_end_the_session_it_replaces_still_signs_in() -> None:
+    async with console_with(ConsoleSettings(), RevokeFailingLedger) as console:
+        browser = await console.signed_in()
+        first = browser.client.cookies[SESSION_COOKIE]
+        response = await sign_in(browser, console.api.tokens["tenant:acme"][1])
+        assert response.status_code == 303
+        assert browser.client.cookies[SESSION_COOKIE] != first
+        assert (await browser.client.get("/ui/schedules")).status_code == 200
 
 
 def test_a_node_serves_the_console_with_its_configured_session_settings() -> None:

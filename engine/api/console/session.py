@@ -239,7 +239,10 @@ async def _login(services: ConsoleServices, request: Request) -> Response:
     except CarillonError as exc:
         failure = problems.from_error(exc)
         return _login_page(settings, request, failure.detail, failure.status)
-    await _end_session(services, request.cookies.get(SESSION_COOKIE))  # the one replaced
+    try:  # the session this sign-in replaces, if any
+        await _end_session(services, request.cookies.get(SESSION_COOKIE))
+    except CarillonError as exc:  # it still ends when idle; the new one is open
+        log.warning("console sign-in could not end the session it replaces: %s", exc)
     log.info("console sign-in by token %s", principal.token_id)
     target = safe_return_path((form.get("next") or [""])[0], "/overview")
     response = see_other(target)
