@@ -55,10 +55,10 @@ run: $(STAMP) ## Migrate, mint an admin token, and start a node with its API and
 	$(BIN)/carillon migrate
 	@mkdir -p .carillon
 	@test -f .carillon/admin-token || $(BIN)/carillon token create --admin --description "make run" --save .carillon/admin-token
-	@echo "API on http://127.0.0.1:8080 (admin token in .carillon/admin-token). In another shell:"
+	@echo "API on http://127.0.0.1:8080, console on http://127.0.0.1:8080/ui (admin token in .carillon/admin-token). In another shell:"
 	@echo "  export CARILLON_TOKEN_FILE=.carillon/admin-token"
 	@echo "  .venv/bin/carillon executions list --schedule demo-every-10s"
-	$(BIN)/carillon run --demo $(RUN_ARGS)
+	$(BIN)/carillon run --demo --console-insecure-cookie true $(RUN_ARGS)
 
 chaos: $(STAMP) ## Real-process chaos: 3 nodes, 2,000 schedules, 5 min of SIGKILL, SIGSTOP, a PostgreSQL restart
 	$(BIN)/python -m simulations.chaos $(CHAOS_ARGS)

@@ -7,6 +7,7 @@ optional TOML file, then the defaults below (first found wins); see ``engine/cli
 from __future__ import annotations
 
 import enum
+from ipaddress import IPv4Network, IPv6Network, ip_network
 from typing import Final
 
 import msgspec
@@ -64,6 +65,13 @@ class LogLevel(enum.StrEnum):
 HTTP_BIND_DEFAULT: Final = "127.0.0.1:8080"
 API_TOKEN_RATE_PER_S_DEFAULT: Final = 50.0
 API_TOKEN_BURST_DEFAULT: Final = 100
+CONSOLE_SESSION_IDLE_S_DEFAULT: Final = 1800.0
+"""A console session unused for 30 minutes ends."""
+CONSOLE_SESSION_LIFETIME_S_DEFAULT: Final = 43_200.0
+"""A console session ends 12 hours (an on-call shift) after sign-in, however busy."""
+CONSOLE_SESSION_IDLE_S_MIN: Final = 60.0
+CONSOLE_SESSION_LIFETIME_S_MAX: Final = 30 * 86_400.0
+"""The ledger's own bound (``engine.ledger.params.SESSION_LIFETIME_S_MAX``)."""
 
 
 def _valid_bind(bind: str) -> bool:
@@ -155,6 +163,16 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     api_token_rate_per_s: float = API_TOKEN_RATE_PER_S_DEFAULT
     """Sustained API requests per second of one token, past its burst (then 429)."""
     api_token_burst: int = API_TOKEN_BURST_DEFAULT
+    console_session_idle_s: float = CONSOLE_SESSION_IDLE_S_DEFAULT
+    """A console session unused this long ends."""
+    console_session_lifetime_s: float = CONSOLE_SESSION_LIFETIME_S_DEFAULT
+    """A console session ends this long after sign-in, however busy."""
+    console_insecure_cookie: bool = False
+    """Send the console's cookies without ``Secure`` when the browser did not use https:
+    for plain-http development only (``make run``). Off: they are always ``Secure``."""
+    trusted_proxies: str = ""
+    """Comma-separated addresses or networks of reverse proxies whose ``X-Forwarded-Proto``
+    is believed; everyone else's is ignored."""
     log_level: LogLevel = LogLevel.INFO
     log_format: LogFormat = LogFormat.HUMAN
 
@@ -210,6 +228,25 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             )
         if not 0 < self.api_token_rate_per_s <= 1e6 or not 1 <= self.api_token_burst <= 1e6:
             problems.append("api_token_rate_per_s and api_token_burst must be positive")
+        if not (
+            CONSOLE_SESSION_IDLE_S_MIN
+            <= self.console_session_idle_s
+            <= self.console_session_lifetime_s
+            <= CONSOLE_SESSION_LIFETIME_S_MAX
+        ):
+            problems.append(
+                f"console_session_idle_s must be at least {CONSOLE_SESSION_IDLE_S_MIN:g} seconds "
+                "and at most console_session_lifetime_s, which is at most "
+                f"{CONSOLE_SESSION_LIFETIME_S_MAX:.0f} (30 days); got "
+                f"{self.console_session_idle_s:g} and {self.console_session_lifetime_s:g}"
+            )
+        for proxy in self._trusted_proxy_entries:
+            try:
+                ip_network(proxy, strict=False)
+            except ValueError:
+                problems.append(
+                    f"trusted_proxies: {proxy!r} is not an IP address or network (CIDR)"
+                )
         if self.dispatch_smoothing_window_s < 0:
             problems.append("dispatch_smoothing_window_s must be >= 0")
         if not 1 <= self.dispatch_queue_max <= 1_000_000:
@@ -255,6 +292,15 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     @property
     def webhook_allow_list(self) -> tuple[str, ...]:
         return tuple(c.strip() for c in self.webhook_allow_cidrs.split(",") if c.strip())
+
+    @property
+    def _trusted_proxy_entries(self) -> tuple[str, ...]:
+        return tuple(p.strip() for p in self.trusted_proxies.split(",") if p.strip())
+
+    @property
+    def trusted_proxy_networks(self) -> tuple[IPv4Network | IPv6Network, ...]:
+        """The ``trusted_proxies`` as networks (an address is a network of one)."""
+        return tuple(ip_network(p, strict=False) for p in self._trusted_proxy_entries)
 
     @property
     def python_module_list(self) -> tuple[str, ...]:

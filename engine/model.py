@@ -306,6 +306,25 @@ class ApiToken(msgspec.Struct, frozen=True, kw_only=True):
     """Set by the ledger when revoked; a revoked token is kept, and refused by its users."""
 
 
+class ConsoleSession(msgspec.Struct, frozen=True, kw_only=True):
+    """A signed-in console session, as the ledger stores it: never the session id itself,
+    only its SHA-256 beside this record. It lasts while it is used at least every
+    ``idle_timeout_s`` and until ``expires_at`` at the latest, unless revoked (sign-out, or
+    its token's revocation) first."""
+
+    token_id: str
+    """The API token it was opened with; the session acts as that token."""
+    scope: str
+    """That token's scope (read from the token, which never changes it)."""
+    created_at: datetime
+    last_seen_at: datetime
+    """When it was last used (set by the ledger's ``sessions_touch``)."""
+    idle_timeout_s: float
+    expires_at: datetime
+    """``created_at`` + its lifetime: the latest instant it is valid, however busy."""
+    revoked_at: datetime | None = None
+
+
 class Lease(msgspec.Struct, frozen=True, kw_only=True):
     """Ownership of one partition, valid until ``expires_at`` by the database's clock."""
 

@@ -71,6 +71,7 @@ from engine.actors.workers import (
 )
 from engine.api.app import ANONYMOUS_BURST, ANONYMOUS_RATE_PER_S, ApiConfig, ApiContext
 from engine.api.auth import Authenticator
+from engine.api.console.web import ConsoleSettings
 from engine.api.server import ApiServer
 from engine.clock import Clock
 from engine.config import NodeConfig
@@ -302,6 +303,12 @@ class Node:
             ),
             metrics_protected=config.metrics_protected,
             slo_target_s=config.slo_target_s,
+            console=ConsoleSettings(
+                insecure_cookie=config.console_insecure_cookie,
+                session_idle_s=config.console_session_idle_s,
+                session_lifetime_s=config.console_session_lifetime_s,
+                trusted_proxies=config.trusted_proxy_networks,
+            ),
             metrics=lambda accept: render(self.metrics.registry, accept),
             extra_checks={"dispatch": lambda: self.pipeline.stall_check()},
         )

@@ -127,6 +127,43 @@ def test_metrics_settings_come_from_flags_env_and_file(tmp_path: Path) -> None:
     assert (from_flags.slo_target_s, from_flags.metrics_tenant_labels) == (5.0, True)
 
 
+def test_console_session_settings_come_from_flags_env_and_file(tmp_path: Path) -> None:
+    default = load()
+    assert (default.console_session_idle_s, default.console_session_lifetime_s) == (1800, 43200)
+    assert (default.console_insecure_cookie, default.trusted_proxy_networks) == (False, ())
+    toml = write(tmp_path, '[node]\ntrusted_proxies = "10.0.0.5, 10.1.0.0/16, ::1"\n')
+    env = {"CARILLON_CONSOLE_SESSION_IDLE_S": "600"}
+    flags = {"console_insecure_cookie": "true", "console_session_lifetime_s": "3600"}
+    config = load(flags, env, toml)
+    assert (config.console_session_idle_s, config.console_session_lifetime_s) == (600, 3600)
+    assert config.console_insecure_cookie is True
+    assert [str(n) for n in config.trusted_proxy_networks] == [
+        "10.0.0.5/32",
+        "10.1.0.0/16",
+        "::1/128",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("settings", "problem"),
+    [
+        ({"console_session_idle_s": 59.0}, "console_session_idle_s must be at least 60"),
+        (
+            {"console_session_idle_s": 7200.0, "console_session_lifetime_s": 3600.0},
+            "at most console_session_lifetime_s",
+        ),
+        ({"console_session_lifetime_s": 31 * 86400.0}, "at most 2592000 (30 days)"),
+        ({"trusted_proxies": "10.0.0.5,proxy.internal"}, "'proxy.internal' is not an IP"),
+        ({"trusted_proxies": "10.0.0.0/33"}, "'10.0.0.0/33' is not an IP"),
+    ],
+)
+def test_node_config_rejects_impossible_console_settings(
+    settings: dict[str, Any], problem: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        NodeConfig(node_id="n1", **settings)
+
+
 @pytest.mark.usefixtures("no_database")
 def test_run_rejects_an_slo_target_beyond_a_day_naming_the_flag(
     capsys: pytest.CaptureFixture[str],

@@ -23,6 +23,7 @@ from starlette.responses import Response
 
 from engine.api import console, problems, routes_admin, routes_executions, routes_schedules
 from engine.api.auth import Authenticator
+from engine.api.console.web import ConsoleSettings
 from engine.api.endpoint import (
     Access,
     Call,
@@ -70,6 +71,8 @@ class ApiContext:
     """Readiness checks: name -> ``None`` when fine, else what is wrong."""
     slo_target_s: float = SLO_TARGET_S_DEFAULT
     """The start SLO the console's overview judges first attempts by (the node's own)."""
+    console: ConsoleSettings = field(default_factory=ConsoleSettings)
+    """How the console's sessions are served (cookies, expiry, trusted proxies)."""
 
 
 async def healthz(call: Call) -> Reply:

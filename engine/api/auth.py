@@ -23,6 +23,12 @@ presents no valid token. Forged tokens cannot hammer the database nor push valid
 * Valid tokens (:data:`TOKEN_CACHE_ENTRIES`) and unknown or revoked ones
   (:data:`TOKEN_MISSES_CACHED`) are cached apart, each least recently used first out: no
   number of misses evicts a valid token.
+
+Console sessions (:meth:`Authenticator.authenticate_session`) follow the same rules: the
+cookie holds a random session id (:func:`new_session_id`), the ledger only its SHA-256, and a
+node caches what ``sessions_touch`` answered for :data:`SESSION_CACHE_TTL_S`, valid sessions
+and misses apart and bounded alike; a session never seen valid costs its address a request
+before its lookup. A valid session acts as its token: the token's request rate applies.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import hashlib
 import secrets
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Final
+from typing import Final, Generic, TypeVar
 
 import msgspec
 
@@ -39,7 +45,7 @@ from engine.api.problems import Problem, forbidden, rate_limited, unauthorized
 from engine.core.token_bucket import TokenBucket
 from engine.errors import NotFound
 from engine.ledger.base import Ledger
-from engine.model import ApiToken
+from engine.model import ApiToken, ConsoleSession
 
 TOKEN_PREFIX: Final = "crl_"
 TOKEN_ID_HEX: Final = 12
@@ -51,6 +57,15 @@ TOKEN_CACHE_ENTRIES: Final = 10_000
 TOKEN_MISSES_CACHED: Final = 10_000
 """Unknown or revoked token hashes whose lookups are kept, apart from the valid ones."""
 RATE_BUCKETS_MAX: Final = 10_000
+SESSION_ID_PREFIX: Final = "cs_"
+SESSION_ID_BYTES: Final = 32
+"""A session id's random bytes (256 bits: a fast hash is safe, as for tokens)."""
+SESSION_ID_LENGTH_MAX: Final = 64
+SESSION_CACHE_TTL_S: Final = TOKEN_CACHE_TTL_S
+"""How long a node trusts what it last learnt of a session (a session revoked on another
+node, or by its token's revocation, stops working here within that)."""
+SESSION_CACHE_ENTRIES: Final = 10_000
+SESSION_MISSES_CACHED: Final = 10_000
 ADMIN_SCOPE: Final = "admin"
 TENANT_SCOPE_PREFIX: Final = "tenant:"
 
@@ -103,6 +118,12 @@ def hash_token(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
+def new_session_id() -> tuple[str, bytes]:
+    """A fresh console session id (for the cookie) and its hash (for the ledger)."""
+    session_id = SESSION_ID_PREFIX + secrets.token_urlsafe(SESSION_ID_BYTES)
+    return session_id, hash_token(session_id)
+
+
 def scope_of(*, admin: bool, tenant_id: str | None) -> str:
     if admin == (tenant_id is not None):
         raise ValueError("a token is either admin or for one tenant")
@@ -150,10 +171,14 @@ class Authenticator:
     ) -> None:
         self._ledger = ledger
         self._monotonic = monotonic
-        self._valid = _Lookups(TOKEN_CACHE_ENTRIES)
+        self._valid = _Lookups[ApiToken | None](TOKEN_CACHE_ENTRIES)
         """Hashes of tokens found valid, with their record (kept after expiry: seen valid)."""
-        self._misses = _Lookups(TOKEN_MISSES_CACHED)
+        self._misses = _Lookups[ApiToken | None](TOKEN_MISSES_CACHED)
         """Hashes found unknown or revoked, with their record (``None``: unknown)."""
+        self._sessions = _Lookups[ConsoleSession | None](SESSION_CACHE_ENTRIES)
+        """Hashes of sessions found valid (kept after expiry: seen valid)."""
+        self._session_misses = _Lookups[ConsoleSession | None](SESSION_MISSES_CACHED)
+        """Hashes of sessions found unknown or ended."""
         self.token_rates = RateLimiter(token_rate_per_s, token_burst, monotonic)
         self.anonymous_rates = RateLimiter(anonymous_rate_per_s, anonymous_burst, monotonic)
 
@@ -180,10 +205,66 @@ class Authenticator:
         self.token_rates.check(found.token_id)
         return Principal(found.token_id, found.scope)
 
+    async def authenticate_session(self, session_id: str, client: str) -> Principal:
+        """The console session's token, rate-limited like the token itself; 401 for a
+        malformed, unknown, revoked or expired session (or one whose token was revoked); 429
+        when ``client`` sent too many requests without a valid token or session."""
+        charged = False
+        try:
+            if not session_id.startswith(SESSION_ID_PREFIX) or len(session_id) > (
+                SESSION_ID_LENGTH_MAX
+            ):
+                raise unauthorized("the session is not valid")
+            session_hash = hash_token(session_id)
+            found = self._sessions.get(session_hash)
+            now = self._monotonic()
+            session: ConsoleSession | None
+            if found is not None and found[0] > now:
+                session = found[1]
+            else:
+                missed = self._session_misses.get(session_hash)
+                if missed is not None and missed[0] > now:
+                    raise unauthorized("the session has ended")
+                if found is None:  # never seen valid: the address pays before the database
+                    self.anonymous_rates.check(client)
+                    charged = True
+                session = await self._touch(session_hash)
+            if session is None:
+                raise unauthorized("the session has ended")
+        except Problem as problem:
+            if problem.status == 401 and not charged:
+                self.anonymous_rates.check(client)
+            raise
+        self.token_rates.check(session.token_id)
+        return Principal(session.token_id, session.scope)
+
+    def forget_session(self, session_id: str) -> None:
+        """Forget what this node knows of a session (it was just signed out here): its next
+        use is looked up."""
+        session_hash = hash_token(session_id)
+        self._sessions.pop(session_hash)
+        self._session_misses.pop(session_hash)
+
     def forget(self) -> None:
         """Drop cached lookups (after this node revoked a token, say)."""
         self._valid.clear()
         self._misses.clear()
+        self._sessions.clear()
+        self._session_misses.clear()
+
+    async def _touch(self, session_hash: bytes) -> ConsoleSession | None:
+        try:
+            session: ConsoleSession | None = await self._ledger.sessions_touch(session_hash)
+        except NotFound:
+            session = None
+        expires = self._monotonic() + SESSION_CACHE_TTL_S
+        if session is not None:
+            self._session_misses.pop(session_hash)
+            self._sessions.put(session_hash, (expires, session))
+        else:
+            self._sessions.pop(session_hash)
+            self._session_misses.put(session_hash, (expires, None))
+        return session
 
     def _cached(self, token_hash: bytes) -> tuple[ApiToken | None, bool]:
         """What is known of ``token_hash``: its record (``None``: not known valid) and whether
@@ -212,21 +293,24 @@ class Authenticator:
         return token
 
 
-class _Lookups:
-    """Token lookups by hash, at most ``entries``, the least recently used forgotten first."""
+_Record = TypeVar("_Record")
+
+
+class _Lookups(Generic[_Record]):
+    """Lookups by hash, at most ``entries``, the least recently used forgotten first."""
 
     def __init__(self, entries: int) -> None:
         self._entries = entries
-        self._by_hash: OrderedDict[bytes, tuple[float, ApiToken | None]] = OrderedDict()
+        self._by_hash: OrderedDict[bytes, tuple[float, _Record]] = OrderedDict()
 
-    def get(self, token_hash: bytes) -> tuple[float, ApiToken | None] | None:
+    def get(self, token_hash: bytes) -> tuple[float, _Record] | None:
         """``(expires at, record)``, or ``None`` if not kept."""
         found = self._by_hash.get(token_hash)
         if found is not None:
             self._by_hash.move_to_end(token_hash)
         return found
 
-    def put(self, token_hash: bytes, lookup: tuple[float, ApiToken | None]) -> None:
+    def put(self, token_hash: bytes, lookup: tuple[float, _Record]) -> None:
         self._by_hash[token_hash] = lookup
         self._by_hash.move_to_end(token_hash)
         if len(self._by_hash) > self._entries:

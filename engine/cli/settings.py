@@ -102,13 +102,27 @@ _HELP: Final = {
     "metrics_protected": "true to require an admin token on GET /metrics",
     "api_token_rate_per_s": "API requests per second of one token, past its burst (then 429)",
     "api_token_burst": "API requests one token may make at once above its rate",
+    "console_session_idle_s": "a console session unused this many seconds ends (at least 60)",
+    "console_session_lifetime_s": (
+        "a console session ends this many seconds after sign-in, however busy (at most 30 days)"
+    ),
+    "console_insecure_cookie": (
+        "true to send the console's cookies without Secure when the browser uses plain http: "
+        "for local development only (make run); off, they are always Secure"
+    ),
+    "trusted_proxies": (
+        "comma-separated addresses or CIDRs of reverse proxies whose X-Forwarded-Proto is "
+        "believed (others' is ignored), e.g. 10.0.0.5,10.1.0.0/16"
+    ),
     "metrics_tenant_labels": (
         "true to label the start metrics by tenant (the first 100 tenants; the rest as "
         "'other'); off by default to bound the series count"
     ),
 }
 
-_EMPTY_MEANS_NONE: Final = frozenset({"http", "webhook_allow_cidrs", "python_modules"})
+_EMPTY_MEANS_NONE: Final = frozenset(
+    {"http", "webhook_allow_cidrs", "python_modules", "trusted_proxies"}
+)
 """Text settings whose empty value is meaningful: no HTTP API, no allow-listed networks."""
 
 Kind = Literal["number", "integer", "text", "choice", "boolean"]

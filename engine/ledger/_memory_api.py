@@ -23,10 +23,11 @@ import msgspec
 import trio
 
 from engine.core.dst import DstGap, DstOverlap
-from engine.errors import NotFound
+from engine.errors import AlreadyExists, NotFound
 from engine.ledger._memory_tables import AuditLog, ExecutionTable, VersionedTable, check_limit
 from engine.ledger.base import (
     CENSUS_GROUPS_MAX,
+    SESSIONS_PURGED_MAX,
     Backfilled,
     ChangeKind,
     ExecutionsBackfill,
@@ -35,6 +36,7 @@ from engine.ledger.base import (
     ExecutionsTrigger,
     ScheduleGroup,
     SchedulesCensus,
+    SessionsCreate,
     TokensCreate,
     TokensRevoke,
 )
@@ -42,10 +44,15 @@ from engine.ledger.common import (
     backfill_audit_details,
     backfill_in_future,
     backfill_instants,
+    check_session_hash,
+    check_sessions_create,
     check_stats,
     check_token_hash,
+    no_session,
     not_purged,
     quota_exceeded,
+    session_token_unusable,
+    session_valid,
     token_audit_details,
     token_hash_taken,
     token_id_taken,
@@ -56,6 +63,7 @@ from engine.ledger.common import (
 from engine.model import (
     ApiToken,
     AuditAction,
+    ConsoleSession,
     Execution,
     ExecutionStatus,
     Schedule,
@@ -133,6 +141,7 @@ class ApiMethods:
     _tenants: VersionedTable[Tenant]
     _audit: AuditLog
     _tokens: TokenTable
+    _sessions: dict[bytes, ConsoleSession]
 
     # Provided by MemoryLedger.
     def _now(self) -> datetime:
@@ -176,9 +185,63 @@ class ApiMethods:
         now = self._now()
         revoked = msgspec.structs.replace(token, revoked_at=now)
         self._tokens.replace(revoked)
+        for key, session in self._sessions.items():
+            if session.token_id == token.token_id and session.revoked_at is None:
+                self._sessions[key] = msgspec.structs.replace(session, revoked_at=now)
         details = token_audit_details(revoked, created=False)
         self._audit.append(now, actor, AuditAction.TOKEN_REVOKE.value, token.token_id, details)
         return revoked
+
+    # console sessions ------------------------------------------------------------------------
+
+    async def sessions_create(self, params: SessionsCreate) -> ConsoleSession:
+        await trio.lowlevel.checkpoint()
+        check_sessions_create(params)
+        now = self._now()
+        ended = sorted(
+            (s.expires_at, key) for key, s in self._sessions.items() if s.expires_at <= now
+        )
+        for _, key in ended[:SESSIONS_PURGED_MAX]:
+            del self._sessions[key]
+        try:
+            token = self._tokens.get(params.token_id)
+        except NotFound:
+            raise session_token_unusable(params.token_id) from None
+        if token.revoked_at is not None:
+            raise session_token_unusable(params.token_id)
+        if params.session_hash in self._sessions:
+            raise AlreadyExists("a session with this id exists already")
+        session = ConsoleSession(
+            token_id=token.token_id,
+            scope=token.scope,
+            created_at=now,
+            last_seen_at=now,
+            idle_timeout_s=float(params.idle_timeout_s),
+            expires_at=now + timedelta(seconds=params.lifetime_s),
+        )
+        self._sessions[params.session_hash] = session
+        return session
+
+    async def sessions_touch(self, session_hash: bytes) -> ConsoleSession:
+        await trio.lowlevel.checkpoint()
+        check_session_hash(session_hash)
+        now = self._now()
+        session = self._sessions.get(session_hash)
+        if session is None or not session_valid(session, now):
+            raise no_session()
+        if self._tokens.get(session.token_id).revoked_at is not None:
+            raise no_session()
+        touched = msgspec.structs.replace(session, last_seen_at=now)
+        self._sessions[session_hash] = touched
+        return touched
+
+    async def sessions_revoke(self, session_hash: bytes) -> None:
+        await trio.lowlevel.checkpoint()
+        check_session_hash(session_hash)
+        now = self._now()
+        session = self._sessions.get(session_hash)
+        if session is not None and session_valid(session, now):
+            self._sessions[session_hash] = msgspec.structs.replace(session, revoked_at=now)
 
     # operator-added executions ---------------------------------------------------------------
 

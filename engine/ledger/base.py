@@ -50,6 +50,8 @@ from engine.ledger.params import (
     SCHEDULE_DELETED_MESSAGE,
     SCHEDULE_PAUSED,
     SCHEDULE_PAUSED_MESSAGE,
+    SESSION_LIFETIME_S_MAX,
+    SESSIONS_PURGED_MAX,
     STATS_BUCKET_S_MAX,
     STATS_BUCKETS_MAX,
     TOKEN_HASH_BYTES,
@@ -102,6 +104,7 @@ from engine.ledger.params import (
     SchedulesList,
     SchedulesPlannable,
     SchedulesUpdate,
+    SessionsCreate,
     TaskTypesPut,
     TenantsPut,
     TokensCreate,
@@ -113,6 +116,7 @@ from engine.ledger.params import (
 from engine.model import (
     ApiToken,
     AuditEvent,
+    ConsoleSession,
     Execution,
     Lease,
     PlannerCheckpoint,
@@ -132,6 +136,8 @@ __all__ = [
     "SCHEDULE_DELETED_MESSAGE",
     "SCHEDULE_PAUSED",
     "SCHEDULE_PAUSED_MESSAGE",
+    "SESSIONS_PURGED_MAX",
+    "SESSION_LIFETIME_S_MAX",
     "STATS_BUCKETS_MAX",
     "STATS_BUCKET_S_MAX",
     "TOKEN_HASH_BYTES",
@@ -186,6 +192,7 @@ __all__ = [
     "SchedulesList",
     "SchedulesPlannable",
     "SchedulesUpdate",
+    "SessionsCreate",
     "TaskTypesPut",
     "TenantsPut",
     "TokensCreate",
@@ -455,8 +462,43 @@ class Ledger(Protocol):
 
         Revoking a revoked token returns it unchanged and appends no second event.
         ``NotFound`` if absent; ``InvalidField`` for a malformed ``actor``. Audited: action
-        ``token.revoke``, target the token id, details ``scope``.
+        ``token.revoke``, target the token id, details ``scope``. Every console session
+        opened with the token is revoked in the same transaction (:meth:`sessions_touch`
+        then refuses them), and no new one can be opened with it.
         """
+        ...
+
+    # console sessions ------------------------------------------------------------------------
+    #
+    # The operator console's sign-ins. Like a token's secret, a session id never reaches the
+    # ledger: the caller stores its SHA-256 and presents that. Validity is judged by the
+    # ledger's clock, so every node agrees on it.
+
+    async def sessions_create(self, params: SessionsCreate) -> ConsoleSession:
+        """Open a session for a valid token (``created_at`` = ``last_seen_at`` = ledger now,
+        ``expires_at`` = now + ``lifetime_s``); returns it as stored.
+
+        ``InvalidField`` for a hash that is not :data:`TOKEN_HASH_BYTES` bytes, or durations
+        that are not ``0 < idle_timeout_s <= lifetime_s <=`` :data:`SESSION_LIFETIME_S_MAX`;
+        ``NotFound`` if the token does not exist or is revoked; ``AlreadyExists`` if a session
+        with this hash is stored. Also deletes up to :data:`SESSIONS_PURGED_MAX` sessions
+        past ``expires_at`` (revoked or not), so the table holds no session for longer than
+        its lifetime. Not audited (the node logs sign-ins).
+        """
+        ...
+
+    async def sessions_touch(self, session_hash: bytes) -> ConsoleSession:
+        """The session with this hash, if it is valid now, with ``last_seen_at`` set to the
+        ledger's now. Valid: not revoked, its token not revoked, now before ``expires_at``
+        and before ``last_seen_at + idle_timeout_s``. ``NotFound`` otherwise (unknown,
+        revoked, expired, idle too long: the caller only needs to know it is no session);
+        ``InvalidField`` for a malformed hash. One indexed read and write."""
+        ...
+
+    async def sessions_revoke(self, session_hash: bytes) -> None:
+        """End the session with this hash (``revoked_at`` = ledger now) if it is not ended;
+        nothing for an unknown, expired or revoked one (signing out twice is no error).
+        ``InvalidField`` for a malformed hash."""
         ...
 
     # leases and membership -------------------------------------------------------------------

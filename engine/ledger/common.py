@@ -17,20 +17,23 @@ from typing import Any, Final
 import msgspec
 
 from engine.core.instants import format_utc
-from engine.errors import AlreadyExists, ChangesPruned, InUse, InvalidField, QuotaExceeded
+from engine.errors import AlreadyExists, ChangesPruned, InUse, InvalidField, NotFound, QuotaExceeded
 from engine.ledger.params import (
     BATCH_ROWS_MAX,
+    SESSION_LIFETIME_S_MAX,
     STATS_BUCKET_S_MAX,
     STATS_BUCKETS_MAX,
     TOKEN_HASH_BYTES,
     ClusterSettings,
     ExecutionsBackfill,
     ExecutionsStats,
+    SessionsCreate,
 )
 from engine.model import (
     ALL_TENANTS,
     IDENTIFIER_LENGTH_MAX,
     ApiToken,
+    ConsoleSession,
     Schedule,
     TaskType,
     execution_id,
@@ -163,6 +166,50 @@ def check_token_hash(token_hash: bytes) -> bytes:
             f"a token hash is the {TOKEN_HASH_BYTES}-byte SHA-256 of the secret, got {size}"
         )
     return token_hash
+
+
+def check_session_hash(session_hash: bytes) -> bytes:
+    """``session_hash`` if it is :data:`TOKEN_HASH_BYTES` bytes (a SHA-256 digest)."""
+    if not isinstance(session_hash, bytes) or len(session_hash) != TOKEN_HASH_BYTES:
+        size = len(session_hash) if isinstance(session_hash, bytes) else type(session_hash).__name__
+        raise InvalidField(
+            f"a session hash is the {TOKEN_HASH_BYTES}-byte SHA-256 of the session id, got {size}"
+        )
+    return session_hash
+
+
+def check_sessions_create(params: SessionsCreate) -> SessionsCreate:
+    """A session to open: a well-formed hash, and ``0 < idle <= lifetime <= the maximum``."""
+    check_session_hash(params.session_hash)
+    idle, lifetime = params.idle_timeout_s, params.lifetime_s
+    if not (
+        isinstance(idle, int | float)
+        and isinstance(lifetime, int | float)
+        and math.isfinite(idle)
+        and math.isfinite(lifetime)
+        and 0 < idle <= lifetime <= SESSION_LIFETIME_S_MAX
+    ):
+        raise InvalidField(
+            "a session needs 0 < idle_timeout_s <= lifetime_s <= "
+            f"{SESSION_LIFETIME_S_MAX:g} seconds, got {idle!r} and {lifetime!r}"
+        )
+    return params
+
+
+def session_token_unusable(token_id: str) -> NotFound:
+    """The error for opening a session with a token that does not exist or is revoked."""
+    return NotFound(f"token {token_id!r} does not exist or is revoked")
+
+
+def no_session() -> NotFound:
+    """The error for a session that is unknown, revoked, expired or idle too long."""
+    return NotFound("no such session, or it ended")
+
+
+def session_valid(session: ConsoleSession, now: datetime) -> bool:
+    """Whether ``session`` is usable at ``now`` (its token's revocation aside)."""
+    idle_until = session.last_seen_at + timedelta(seconds=session.idle_timeout_s)
+    return session.revoked_at is None and now < session.expires_at and now < idle_until
 
 
 def check_planner_lags(lags: dict[int, float], partition_count: int) -> dict[int, float]:

@@ -113,6 +113,7 @@ from engine.ledger.base import (
 from engine.ledger.common import changes_pruned, check_id_prefix, unusable_task_types
 from engine.ledger.params import plannable
 from engine.model import (
+    ConsoleSession,
     Execution,
     ExecutionStatus,
     PlannerCheckpoint,
@@ -167,6 +168,8 @@ class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
         )
         self._audit = AuditLog()
         self._tokens = TokenTable()
+        self._sessions: dict[bytes, ConsoleSession] = {}
+        """Console sessions by the hash of their id."""
 
     def _now(self) -> datetime:
         now = self._clock.now()

@@ -494,6 +494,23 @@ class TokensRevoke(msgspec.Struct, frozen=True):
     actor: str
 
 
+SESSION_LIFETIME_S_MAX: Final = 30 * 86_400.0
+"""The longest a console session may last (and so its idle timeout)."""
+SESSIONS_PURGED_MAX: Final = 100
+"""Sessions past their expiry that one ``sessions_create`` deletes at most."""
+
+
+class SessionsCreate(msgspec.Struct, frozen=True):
+    """Open a console session for ``token_id``: the SHA-256 of its id
+    (:data:`TOKEN_HASH_BYTES` bytes, computed by the caller; the id never reaches the
+    ledger), how long it may sit unused and how long it lasts at most."""
+
+    session_hash: bytes
+    token_id: str
+    idle_timeout_s: float
+    lifetime_s: float
+
+
 class ExecutionsTrigger(msgspec.Struct, frozen=True):
     """Run a schedule now, on behalf of ``actor`` (audited with ``reason``)."""
 

@@ -25,6 +25,7 @@ import trio
 
 from engine.api.app import ApiConfig, ApiContext
 from engine.api.auth import Authenticator
+from engine.api.console.web import ConsoleSettings
 from engine.api.server import ApiServer
 from engine.clock import SystemClock
 from engine.ledger.memory import MemoryLedger
@@ -115,9 +116,9 @@ class LiveNode:
             anonymous_rate_per_s=5.0,
             anonymous_burst=20,
         )
-        server = ApiServer(
-            ApiConfig(bind="127.0.0.1:0", shutdown_grace_s=0.5), ApiContext(self.ledger, auth)
-        )
+        # Plain http on 127.0.0.1, as `make run` serves it: cookies without Secure.
+        context = ApiContext(self.ledger, auth, console=ConsoleSettings(insecure_cookie=True))
+        server = ApiServer(ApiConfig(bind="127.0.0.1:0", shutdown_grace_s=0.5), context)
         self._stop = trio.Event()
         async with trio.open_nursery() as nursery:
             bound: list[str] = await nursery.start(server.run)

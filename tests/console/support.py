@@ -63,11 +63,13 @@ class Console:
     api: Api
     sessions: list[Session] = field(default_factory=list)
 
-    def browser(self) -> Session:
-        """A fresh browser: no cookies."""
-        client = httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=self.api.app), base_url="http://console.test"
-        )
+    def browser(
+        self, base_url: str = "https://console.test", address: str = "127.0.0.1"
+    ) -> Session:
+        """A fresh browser on ``base_url`` (https by default: the console's cookies are
+        Secure), connecting from ``address``: no cookies."""
+        transport = httpx.ASGITransport(app=self.api.app, client=(address, 50_000))
+        client = httpx.AsyncClient(transport=transport, base_url=base_url)
         session = Session(client)
         self.sessions.append(session)
         return session

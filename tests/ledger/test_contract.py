@@ -72,6 +72,7 @@ from engine.ledger.base import (
     SchedulesList,
     SchedulesPlannable,
     SchedulesUpdate,
+    SessionsCreate,
     TaskTypesPut,
     TenantsPut,
     TokensCreate,
@@ -1897,6 +1898,161 @@ async def test_malformed_tokens_are_refused_and_change_nothing(
         await backend.ledger.tokens_create(TokensCreate(token, token_hash, actor))
     assert await backend.ledger.tokens_list() == []
     assert await backend.ledger.audit_list(AuditQuery()) == []
+
+
+# --- console sessions ------------------------------------------------------------------------
+
+SESSION_IDLE_S = 1.2
+"""A session's idle timeout in these tests: waits of a third of it keep it alive with room
+to spare on a loaded machine, and its expiry costs real Postgres little waiting."""
+
+
+async def token_for_sessions(backend: Backend, token_id: str, scope: str = "admin") -> None:
+    await backend.ledger.tokens_create(
+        TokensCreate(ApiToken(token_id=token_id, scope=scope), digest(token_id), "ops")
+    )
+
+
+def open_session(
+    name: str, token_id: str, idle_s: float = SESSION_IDLE_S, lifetime_s: float = 3600.0
+) -> SessionsCreate:
+    return SessionsCreate(digest("session:" + name), token_id, idle_s, lifetime_s)
+
+
+async def test_a_console_session_is_stored_as_its_hash_and_acts_as_its_token(
+    backend: Backend,
+) -> None:
+    await token_for_sessions(backend, "acme-ops", "tenant:acme")
+    before = await backend.ledger.database_now()
+    opened = await backend.ledger.sessions_create(open_session("a", "acme-ops"))
+    after = await backend.ledger.database_now()
+    assert (opened.token_id, opened.scope, opened.idle_timeout_s, opened.revoked_at) == (
+        "acme-ops",
+        "tenant:acme",
+        SESSION_IDLE_S,
+        None,
+    )
+    assert before <= opened.created_at <= after
+    assert opened.last_seen_at == opened.created_at
+    assert opened.expires_at == opened.created_at + timedelta(hours=1)
+    await backend.advance(0.3)
+    touched = await backend.ledger.sessions_touch(digest("session:a"))
+    assert touched == msgspec.structs.replace(opened, last_seen_at=touched.last_seen_at)
+    assert touched.last_seen_at > opened.last_seen_at
+    with pytest.raises(NotFound):
+        await backend.ledger.sessions_touch(digest("session:unknown"))
+    with pytest.raises(NotFound):  # the token's own hash is no session
+        await backend.ledger.sessions_touch(digest("acme-ops"))
+    with pytest.raises(AlreadyExists):
+        await backend.ledger.sessions_create(open_session("a", "acme-ops"))
+    for malformed in (b"short", digest("x")[:31]):
+        with pytest.raises(InvalidField, match="32-byte"):
+            await backend.ledger.sessions_touch(malformed)
+        with pytest.raises(InvalidField, match="32-byte"):
+            await backend.ledger.sessions_revoke(malformed)
+    assert await backend.ledger.sessions_touch(digest("session:a")) is not None
+
+
+@pytest.mark.parametrize(
+    ("idle_s", "lifetime_s"),
+    [(0.0, 60.0), (-1.0, 60.0), (61.0, 60.0), (60.0, 31 * 86_400.0), (float("nan"), 60.0)],
+)
+async def test_a_session_with_impossible_durations_is_refused(
+    backend: Backend, idle_s: float, lifetime_s: float
+) -> None:
+    await token_for_sessions(backend, "ops")
+    with pytest.raises(InvalidField, match="idle_timeout_s"):
+        await backend.ledger.sessions_create(open_session("a", "ops", idle_s, lifetime_s))
+    with pytest.raises(NotFound):
+        await backend.ledger.sessions_touch(digest("session:a"))
+
+
+async def test_no_session_is_opened_with_an_unknown_or_revoked_token(backend: Backend) -> None:
+    with pytest.raises(NotFound, match="'ghost'"):
+        await backend.ledger.sessions_create(open_session("a", "ghost"))
+    await token_for_sessions(backend, "old")
+    await backend.ledger.tokens_revoke(TokensRevoke("old", "ops"))
+    with pytest.raises(NotFound, match="'old'"):
+        await backend.ledger.sessions_create(open_session("b", "old"))
+    for name in ("a", "b"):
+        with pytest.raises(NotFound):
+            await backend.ledger.sessions_touch(digest("session:" + name))
+
+
+async def test_a_session_left_unused_for_its_idle_timeout_ends_and_use_keeps_it_open(
+    backend: Backend,
+) -> None:
+    await token_for_sessions(backend, "ops")
+    await backend.ledger.sessions_create(open_session("busy", "ops"))
+    await backend.ledger.sessions_create(open_session("idle", "ops"))
+    for _ in range(4):  # 1.6 s in all, more than the idle timeout, used every 0.4 s
+        await backend.advance(SESSION_IDLE_S / 3)
+        await backend.ledger.sessions_touch(digest("session:busy"))
+    with pytest.raises(NotFound):
+        await backend.ledger.sessions_touch(digest("session:idle"))
+    await backend.advance(SESSION_IDLE_S + 0.1)
+    with pytest.raises(NotFound):
+        await backend.ledger.sessions_touch(digest("session:busy"))
+    await backend.ledger.sessions_revoke(digest("session:busy"))  # ended already: no error
+
+
+async def test_a_session_ends_at_its_lifetime_however_busy(backend: Backend) -> None:
+    await token_for_sessions(backend, "ops")
+    await backend.ledger.sessions_create(open_session("a", "ops", SESSION_IDLE_S, 1.5))
+    for _ in range(2):
+        await backend.advance(0.5)
+        await backend.ledger.sessions_touch(digest("session:a"))
+    await backend.advance(0.6)  # 1.6 s after it opened, 0.6 s after its last use
+    with pytest.raises(NotFound):
+        await backend.ledger.sessions_touch(digest("session:a"))
+
+
+async def test_signing_out_ends_that_session_for_good(backend: Backend) -> None:
+    await token_for_sessions(backend, "ops")
+    await backend.ledger.sessions_create(open_session("laptop", "ops"))
+    await backend.ledger.sessions_create(open_session("phone", "ops"))
+    await backend.ledger.sessions_revoke(digest("session:laptop"))
+    with pytest.raises(NotFound):
+        await backend.ledger.sessions_touch(digest("session:laptop"))
+    await backend.ledger.sessions_revoke(digest("session:laptop"))  # twice: no error
+    await backend.ledger.sessions_revoke(digest("session:unknown"))
+    assert (await backend.ledger.sessions_touch(digest("session:phone"))).token_id == "ops"
+    with pytest.raises(AlreadyExists):  # a revoked session's id is not reused
+        await backend.ledger.sessions_create(open_session("laptop", "ops"))
+
+
+async def test_revoking_a_token_ends_its_sessions_and_only_those(backend: Backend) -> None:
+    await token_for_sessions(backend, "alice")
+    await token_for_sessions(backend, "bob", "tenant:acme")
+    for name, token_id in (("a1", "alice"), ("a2", "alice"), ("b1", "bob")):
+        await backend.ledger.sessions_create(open_session(name, token_id))
+    await backend.ledger.tokens_revoke(TokensRevoke("alice", "ops"))
+    for name in ("a1", "a2"):
+        with pytest.raises(NotFound):
+            await backend.ledger.sessions_touch(digest("session:" + name))
+    assert (await backend.ledger.sessions_touch(digest("session:b1"))).scope == "tenant:acme"
+    with pytest.raises(NotFound):
+        await backend.ledger.sessions_create(open_session("a3", "alice"))
+
+
+async def test_sessions_past_their_lifetime_are_forgotten_by_the_next_sign_in(
+    backend: Backend,
+) -> None:
+    await token_for_sessions(backend, "ops")
+    await backend.ledger.sessions_create(open_session("old", "ops", 0.5, 0.5))
+    await backend.ledger.sessions_create(open_session("revoked", "ops", 0.5, 0.5))
+    await backend.ledger.sessions_revoke(digest("session:revoked"))
+    await backend.ledger.sessions_create(open_session("current", "ops"))
+    with pytest.raises(AlreadyExists):
+        await backend.ledger.sessions_create(open_session("old", "ops"))
+    await backend.advance(0.6)
+    # Past their lifetime, both rows are deleted by the next create: their hashes are free.
+    await backend.ledger.sessions_create(open_session("next", "ops"))
+    for name in ("old", "revoked"):
+        reopened = await backend.ledger.sessions_create(open_session(name, "ops"))
+        assert reopened.revoked_at is None
+    with pytest.raises(AlreadyExists):  # a live session is not forgotten
+        await backend.ledger.sessions_create(open_session("current", "ops"))
 
 
 # --- pausing ---------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ only: a MockClock would fire timeouts while a query is in flight.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import secrets
 import socket
@@ -24,7 +25,7 @@ import msgspec
 import pytest
 import trio
 
-from engine.errors import LedgerUnavailable, QuotaExceeded, VersionConflict
+from engine.errors import LedgerUnavailable, NotFound, QuotaExceeded, VersionConflict
 from engine.ledger.base import (
     Completion,
     DeadLettersReplay,
@@ -45,8 +46,11 @@ from engine.ledger.base import (
     SchedulesCreate,
     SchedulesDelete,
     SchedulesUpdate,
+    SessionsCreate,
     TaskTypesPut,
     TenantsPut,
+    TokensCreate,
+    TokensRevoke,
 )
 from engine.ledger.bridge import DatabaseBridge
 from engine.ledger.database import url_with_database
@@ -60,7 +64,15 @@ from engine.ledger.postgres.caps import cap_lock_key
 from engine.ledger.postgres.rows import int_array, text_array, timestamptz_array
 from engine.ledger.postgres.sql import AUDIT_LOCK_KEY, CAP_LOCK_SPACE
 from engine.ledger.postgres.store import statistics_stale
-from engine.model import ExecutionStatus, HandlerKind, Schedule, TaskType, Tenant, execution_id
+from engine.model import (
+    ApiToken,
+    ExecutionStatus,
+    HandlerKind,
+    Schedule,
+    TaskType,
+    Tenant,
+    execution_id,
+)
 from tests.ledger.backends import ids_in_partition, put_noop_task_type, schedule, sql
 
 pytestmark = pytest.mark.postgres
@@ -939,3 +951,81 @@ async def test_claims_and_completions_find_their_batch_by_key_whatever_the_stati
     for plans in (completion, claim, capped_types):
         for plan in plans.values():
             assert indexes_reading(plan, "executions") == ["executions_pkey"]
+
+
+# --- console sessions against a concurrent token revocation ----------------------------------
+
+
+async def token_for_sessions(ledger: PostgresLedger) -> None:
+    token = ApiToken(token_id="ops", scope="admin")
+    await ledger.tokens_create(TokensCreate(token, hashlib.sha256(b"ops").digest(), "test"))
+
+
+def session_of_ops(name: str) -> SessionsCreate:
+    return SessionsCreate(hashlib.sha256(name.encode()).digest(), "ops", 600.0, 3600.0)
+
+
+async def test_a_sign_in_waiting_on_a_token_revocation_opens_no_session(
+    url: str, bridge: DatabaseBridge
+) -> None:
+    async with open_postgres_ledger(url) as ledger:
+        await token_for_sessions(ledger)
+        outcome: list[BaseException | None] = []
+
+        async def sign_in() -> None:
+            try:
+                await ledger.sessions_create(session_of_ops("s1"))
+                outcome.append(None)
+            except NotFound as exc:
+                outcome.append(exc)
+
+        connection = await bridge.call(asyncpg.connect, url)
+        try:
+            await bridge.call(connection.execute, "BEGIN")
+            await bridge.call(
+                connection.execute,
+                "UPDATE api_tokens SET revoked_at = now() WHERE token_id = 'ops'",
+            )
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(sign_in)
+                await wait_for_lock_waiters(url, 1)  # the sign-in waits for the token row
+                await bridge.call(connection.execute, "COMMIT")
+        finally:
+            with trio.CancelScope(shield=True):
+                await bridge.call(connection.close)
+        [refusal] = outcome
+        assert isinstance(refusal, NotFound)
+        assert await sql(url, "SELECT count(*) FROM console_sessions") == [(0,)]
+
+
+async def test_a_token_revocation_waiting_on_a_sign_in_ends_the_new_session(
+    url: str, bridge: DatabaseBridge
+) -> None:
+    async with open_postgres_ledger(url) as ledger:
+        await token_for_sessions(ledger)
+        session_hash = hashlib.sha256(b"s1").digest()
+        connection = await bridge.call(asyncpg.connect, url)
+        try:  # a sign-in as sessions_create makes it, not yet committed
+            await bridge.call(connection.execute, "BEGIN")
+            await bridge.call(
+                connection.execute,
+                "SELECT 1 FROM api_tokens WHERE token_id = 'ops' AND revoked_at IS NULL FOR SHARE",
+            )
+            await bridge.call(
+                connection.execute,
+                "INSERT INTO console_sessions (session_hash, token_id, created_at, last_seen_at, "
+                "idle_timeout, expires_at) VALUES ($1, 'ops', now(), now(), interval '10 min', "
+                "now() + interval '1 hour')",
+                session_hash,
+            )
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ledger.tokens_revoke, TokensRevoke("ops", "test"))
+                await wait_for_lock_waiters(url, 1)  # the revocation waits for the sign-in
+                await bridge.call(connection.execute, "COMMIT")
+        finally:
+            with trio.CancelScope(shield=True):
+                await bridge.call(connection.close)
+        with pytest.raises(NotFound):
+            await ledger.sessions_touch(session_hash)
+        rows = await sql(url, "SELECT revoked_at IS NOT NULL FROM console_sessions")
+        assert rows == [(True,)]

@@ -9,8 +9,10 @@ charts`), and the small stylesheet and script ship inside the package: the conso
 offline and reads fully without JavaScript (the script only adds "select all").
 
 Security (see :mod:`~engine.api.console.session` and :mod:`~engine.api.console.web`): the
-session cookie holds the bearer token (HttpOnly, SameSite=Strict, Secure over https) and is
-re-authenticated on every request; every form carries a CSRF token; every response carries
+session cookie holds a random session id, never the token (HttpOnly, SameSite=Strict,
+Secure unless the node serves plain-http development); the ledger keeps only its hash, with
+idle and absolute expiry, revoked at sign-out and with its token, and every request checks
+it; every form carries a CSRF token; every response carries
 a strict Content-Security-Policy and refuses framing; no page renders a task type's settings
 (they may hold webhook secrets) or a token.
 
@@ -74,7 +76,7 @@ def mount(services: ConsoleServices) -> Mount:
     routes: list[BaseRoute] = [
         Route("/", _home, methods=["GET"]),
         Route("/static/{name}", _asset, methods=["GET"]),
-        Route("/login", session.login_form, methods=["GET"]),
+        Route("/login", session.login_form_route(services), methods=["GET"]),
         Route("/login", session.login_route(services), methods=["POST"]),
         page("/logout", session.logout, "POST"),
         page("/overview", cluster.overview),

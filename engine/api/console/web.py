@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from ipaddress import IPv4Network, IPv6Network, ip_address
 from typing import Any, Final, Protocol
 from urllib.parse import parse_qs, quote, urlencode
 
@@ -33,6 +34,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from engine.api import problems, routes_admin, routes_executions, routes_schedules
 from engine.api.auth import Authenticator, Principal
 from engine.api.endpoint import Access, Call, Handler
+from engine.config import CONSOLE_SESSION_IDLE_S_DEFAULT, CONSOLE_SESSION_LIFETIME_S_DEFAULT
 from engine.core.instants import format_utc
 from engine.ledger.base import Ledger
 
@@ -71,6 +73,46 @@ _ACCESS: Final = {
 """Who may call each API route the console uses: its endpoint's own setting."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class ConsoleSettings:
+    """How this node serves the console's sessions (``carillon run``'s ``console_*`` and
+    ``trusted_proxies`` settings)."""
+
+    insecure_cookie: bool = False
+    """Send cookies without ``Secure`` on requests that are not https: plain-http
+    development only (``make run``), since a browser then sends the session id unencrypted."""
+    session_idle_s: float = CONSOLE_SESSION_IDLE_S_DEFAULT
+    session_lifetime_s: float = CONSOLE_SESSION_LIFETIME_S_DEFAULT
+    trusted_proxies: tuple[IPv4Network | IPv6Network, ...] = ()
+    """Peers whose ``X-Forwarded-Proto`` says the scheme the browser used; others' is
+    ignored."""
+
+    def scheme(self, request: Request) -> str:
+        """``https`` or ``http``: what the browser used, as far as this node can trust it --
+        the connection's own scheme, or a trusted proxy's ``X-Forwarded-Proto``."""
+        scheme = request.url.scheme
+        forwarded = request.headers.get("x-forwarded-proto")
+        if forwarded and self._from_trusted_proxy(request):
+            claimed = forwarded.rsplit(",", 1)[-1].strip().lower()  # the nearest proxy's
+            if claimed in ("http", "https"):
+                scheme = claimed
+        return "https" if scheme in ("https", "wss") else "http"
+
+    def secure_cookies(self, request: Request) -> bool:
+        """Whether cookies set in answer to ``request`` carry ``Secure``: always, unless the
+        node was told to serve plain-http development and the browser did not use https."""
+        return not self.insecure_cookie or self.scheme(request) == "https"
+
+    def _from_trusted_proxy(self, request: Request) -> bool:
+        if not self.trusted_proxies or request.client is None:
+            return False
+        try:
+            peer = ip_address(request.client.host)
+        except ValueError:
+            return False
+        return any(peer in network for network in self.trusted_proxies)
+
+
 class ConsoleServices(Protocol):
     """What the console needs from the API's context (:class:`~engine.api.app.ApiContext`)."""
 
@@ -80,6 +122,8 @@ class ConsoleServices(Protocol):
     def auth(self) -> Authenticator: ...
     @property
     def slo_target_s(self) -> float: ...
+    @property
+    def console(self) -> ConsoleSettings: ...
 
 
 def _utc(value: datetime | None) -> str:

@@ -17,9 +17,10 @@ from typing import Any
 
 import asyncpg
 
-from engine.errors import NotFound
+from engine.errors import AlreadyExists, NotFound
 from engine.ledger.base import (
     CENSUS_GROUPS_MAX,
+    SESSIONS_PURGED_MAX,
     Backfilled,
     ChangeKind,
     ExecutionsBackfill,
@@ -28,6 +29,7 @@ from engine.ledger.base import (
     ExecutionsTrigger,
     ScheduleGroup,
     SchedulesCensus,
+    SessionsCreate,
     TokensCreate,
     TokensRevoke,
 )
@@ -35,9 +37,13 @@ from engine.ledger.common import (
     backfill_audit_details,
     backfill_in_future,
     backfill_instants,
+    check_session_hash,
+    check_sessions_create,
     check_stats,
     check_token_hash,
+    no_session,
     not_purged,
+    session_token_unusable,
     token_audit_details,
     token_hash_taken,
     token_id_taken,
@@ -51,6 +57,7 @@ from engine.ledger.postgres.rows import (
     execution_from_columns,
     group_from_row,
     in_order,
+    session_from_row,
     token_from_row,
 )
 from engine.ledger.postgres.schedules import append_changes
@@ -58,6 +65,7 @@ from engine.ledger.postgres.store import Store
 from engine.model import (
     ApiToken,
     AuditAction,
+    ConsoleSession,
     Execution,
     execution_id,
     validate_actor,
@@ -111,9 +119,47 @@ async def tokens_revoke(store: Store, params: TokensRevoke) -> ApiToken:
                 raise NotFound(f"token {params.token_id!r} does not exist")
             return token_from_row(current)  # revoked already: unchanged, no second event
         revoked = token_from_row(row)
+        await connection.execute(sql_api.SESSIONS_REVOKE_FOR_TOKEN, params.token_id)
         details = token_audit_details(revoked, created=False)
         await _audit(connection, actor, AuditAction.TOKEN_REVOKE, revoked.token_id, details)
     return revoked
+
+
+# --- console sessions ----------------------------------------------------------------------------
+
+
+async def sessions_create(store: Store, params: SessionsCreate) -> ConsoleSession:
+    check_sessions_create(params)
+    async with store.transaction() as connection:
+        await connection.execute(sql_api.SESSIONS_PURGE, SESSIONS_PURGED_MAX)
+        scope = await connection.fetchval(sql_api.SESSION_TOKEN_LOCK, params.token_id)
+        if scope is None:
+            raise session_token_unusable(params.token_id)
+        row = await connection.fetchrow(
+            sql_api.SESSION_INSERT,
+            params.session_hash,
+            params.token_id,
+            float(params.idle_timeout_s),
+            float(params.lifetime_s),
+        )
+        if row is None:
+            raise AlreadyExists("a session with this id exists already")
+    return session_from_row(row, scope)
+
+
+async def sessions_touch(store: Store, session_hash: bytes) -> ConsoleSession:
+    check_session_hash(session_hash)
+    async with store.connection() as connection:
+        row = await connection.fetchrow(sql_api.SESSION_TOUCH, session_hash)
+    if row is None:
+        raise no_session()
+    return session_from_row(row, row["scope"])
+
+
+async def sessions_revoke(store: Store, session_hash: bytes) -> None:
+    check_session_hash(session_hash)
+    async with store.connection() as connection:
+        await connection.execute(sql_api.SESSION_REVOKE, session_hash)
 
 
 # --- operator-added executions ------------------------------------------------------------------

@@ -81,6 +81,7 @@ from engine.ledger.base import (
     SchedulesList,
     SchedulesPlannable,
     SchedulesUpdate,
+    SessionsCreate,
     TaskTypesPut,
     TenantsPut,
     TokensCreate,
@@ -95,6 +96,7 @@ from engine.ledger.postgres.store import CONTROL_POOL_SIZE, Store
 from engine.model import (
     ApiToken,
     AuditEvent,
+    ConsoleSession,
     Execution,
     Lease,
     PlannerCheckpoint,
@@ -228,6 +230,17 @@ class PostgresLedger:
 
     async def tokens_revoke(self, params: TokensRevoke) -> ApiToken:
         return await self._run(api.tokens_revoke, params)
+
+    # console sessions ------------------------------------------------------------------------
+
+    async def sessions_create(self, params: SessionsCreate) -> ConsoleSession:
+        return await self._run(api.sessions_create, params)
+
+    async def sessions_touch(self, session_hash: bytes) -> ConsoleSession:
+        return await self._run(api.sessions_touch, session_hash)
+
+    async def sessions_revoke(self, session_hash: bytes) -> None:
+        await self._run(api.sessions_revoke, session_hash)
 
     # leases and membership -------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from engine.model import (
     ApiToken,
     AuditEvent,
     CatchUpPolicy,
+    ConsoleSession,
     Execution,
     ExecutionStatus,
     HandlerKind,
@@ -224,6 +225,18 @@ def token_from_row(row: Row) -> ApiToken:
         scope=row["scope"],
         description=row["description"],
         created_at=row["created_at"],
+        revoked_at=row["revoked_at"],
+    )
+
+
+def session_from_row(row: Row, scope: str) -> ConsoleSession:
+    return ConsoleSession(
+        token_id=row["token_id"],
+        scope=scope,
+        created_at=row["created_at"],
+        last_seen_at=row["last_seen_at"],
+        idle_timeout_s=row["idle_timeout_s"],
+        expires_at=row["expires_at"],
         revoked_at=row["revoked_at"],
     )
 

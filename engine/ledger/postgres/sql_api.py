@@ -44,6 +44,62 @@ RETURNING {TOKEN_COLUMNS}
 """Revoke once: of two concurrent revocations the second waits for the row, finds it
 revoked, and returns nothing (then it reads the token and appends no event)."""
 
+# --- console sessions (migrations/0006_console_sessions.sql) --------------------------------
+
+SESSION_COLUMNS: Final = (
+    "s.token_id, t.scope, s.created_at, s.last_seen_at, "
+    "extract(epoch FROM s.idle_timeout)::float8 AS idle_timeout_s, s.expires_at, s.revoked_at"
+)
+
+SESSIONS_PURGE: Final = """
+DELETE FROM console_sessions WHERE session_hash IN (
+    SELECT session_hash FROM console_sessions WHERE expires_at <= now()
+    ORDER BY expires_at LIMIT $1
+)
+"""
+"""Forget at most ``$1`` sessions past their absolute expiry, oldest first
+(``console_sessions_expires_idx``)."""
+
+SESSION_TOKEN_LOCK: Final = """
+SELECT scope FROM api_tokens WHERE token_id = $1 AND revoked_at IS NULL FOR SHARE
+"""
+"""The token a session is opened with, if it is valid, share-locked to commit: a concurrent
+revocation waits for the new session and then revokes it too, or the session's insert waits
+for the revocation and then finds no valid token."""
+
+SESSION_INSERT: Final = """
+INSERT INTO console_sessions (
+    session_hash, token_id, created_at, last_seen_at, idle_timeout, expires_at)
+VALUES ($1, $2, now(), now(), make_interval(secs => $3), now() + make_interval(secs => $4))
+ON CONFLICT DO NOTHING
+RETURNING token_id, created_at, last_seen_at,
+    extract(epoch FROM idle_timeout)::float8 AS idle_timeout_s, expires_at, revoked_at
+"""
+"""Open a session; nothing is returned if its hash is taken."""
+
+SESSION_TOUCH: Final = f"""
+UPDATE console_sessions AS s SET last_seen_at = now()
+FROM api_tokens AS t
+WHERE s.session_hash = $1 AND t.token_id = s.token_id
+  AND s.revoked_at IS NULL AND t.revoked_at IS NULL
+  AND now() < s.expires_at AND now() < s.last_seen_at + s.idle_timeout
+RETURNING {SESSION_COLUMNS}
+"""
+"""Use a session: one probe of the primary key and of the token's; nothing is returned
+unless it is valid now."""
+
+SESSION_REVOKE: Final = """
+UPDATE console_sessions SET revoked_at = now()
+WHERE session_hash = $1 AND revoked_at IS NULL
+  AND now() < expires_at AND now() < last_seen_at + idle_timeout
+"""
+"""Sign out: end the session if it has not ended."""
+
+SESSIONS_REVOKE_FOR_TOKEN: Final = """
+UPDATE console_sessions SET revoked_at = now() WHERE token_id = $1 AND revoked_at IS NULL
+"""
+"""End every open session of a token being revoked (``console_sessions_token_idx``)."""
+
 # --- operator-added executions -----------------------------------------------------------
 
 SCHEDULE_LOCK_FOR_ADD: Final = """
