@@ -27,6 +27,7 @@ from engine.errors import NotFound
 from engine.ledger._memory_tables import AuditLog, ExecutionTable, VersionedTable, check_limit
 from engine.ledger.base import (
     CENSUS_GROUPS_MAX,
+    LIFECYCLE_SKIPS,
     ChangeKind,
     ExecutionsBackfill,
     ExecutionsBucket,
@@ -122,6 +123,18 @@ def added(schedule: Schedule, planned_at: datetime, now: datetime) -> Execution:
     )
 
 
+def revivable(execution: Execution, schedule: Schedule) -> bool:
+    """Whether ``execution`` was skipped by a pause or a delete of ``schedule`` before it
+    ever started (attempt 0), as a fire of ``schedule``'s tenant: one that resuming,
+    re-creating or backfilling may queue again (:data:`LIFECYCLE_SKIPS`)."""
+    return (
+        execution.status is ExecutionStatus.SKIPPED
+        and execution.error_code in LIFECYCLE_SKIPS
+        and execution.attempt == 0
+        and execution.tenant_id == schedule.tenant_id
+    )
+
+
 class ApiMethods:
     """API tokens, trigger and backfill, schedule quotas and the schedule census."""
 
@@ -214,7 +227,8 @@ class ApiMethods:
         inserted = []
         for at in instants:
             execution = added(schedule, at, now)
-            if self._executions.get(execution.execution_id) is None:
+            existing = self._executions.get(execution.execution_id)
+            if existing is None or revivable(existing, schedule):
                 self._executions.put(execution)
                 inserted.append(execution.execution_id)
         details = backfill_audit_details(len(inserted), instants, reason)

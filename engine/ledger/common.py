@@ -10,14 +10,15 @@ character (the contract suite compares them).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import msgspec
 
 from engine.core.instants import format_utc
-from engine.errors import AlreadyExists, InvalidField, QuotaExceeded
+from engine.core.timetable import Timetable
+from engine.errors import AlreadyExists, InvalidField, QuotaExceeded, ValidationError
 from engine.ledger.params import (
     BATCH_ROWS_MAX,
     STATS_BUCKET_S_MAX,
@@ -27,7 +28,7 @@ from engine.ledger.params import (
     ExecutionsBackfill,
     ExecutionsStats,
 )
-from engine.model import IDENTIFIER_LENGTH_MAX, ApiToken, execution_id
+from engine.model import IDENTIFIER_LENGTH_MAX, ApiToken, Schedule, execution_id
 
 # --- cursors ------------------------------------------------------------------------------
 
@@ -187,6 +188,28 @@ def backfill_in_future(instants: list[datetime], now: datetime) -> InvalidField 
         f"({format_utc(now)}): only past fires can be backfilled, the planner makes the "
         "future ones (nothing was added)"
     )
+
+
+def fires_among(schedule: Schedule, instants: Iterable[datetime]) -> set[datetime]:
+    """The instants of ``instants`` (aware) at which ``schedule``'s timetable -- its
+    expression, zone and DST policy as they are now -- fires: what resuming or re-creating
+    it may revive (a fire of an older timetable that the schedule no longer has stays
+    skipped). None if its timing does not compile (it is never planned either)."""
+    wanted = sorted({instant.astimezone(UTC) for instant in instants})
+    if not wanted:
+        return set()
+    try:
+        timetable = Timetable.compile(
+            schedule.cron_expr,
+            schedule.timezone,
+            dst_gap=schedule.dst_gap,
+            dst_overlap=schedule.dst_overlap,
+            schedule_id=schedule.schedule_id,
+        )
+        tick = timedelta(microseconds=1)
+        return {at for at in wanted if timetable.next_fire(at - tick).planned_at == at}
+    except ValidationError:
+        return set()
 
 
 def check_id_prefix(prefix: str | None) -> str | None:
