@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import msgspec
 import trio
 import trio.testing
 
@@ -81,6 +82,27 @@ async def test_a_pause_at_57_and_a_resume_at_58_run_the_00_fire_exactly_once(
     assert [(e.execution_id, e.status, e.attempt) for e in executions] == [
         (key, ExecutionStatus.SUCCEEDED, 1)
     ]
+
+
+async def test_a_delete_at_57_and_a_create_again_at_58_run_the_00_fire_exactly_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    runs.clear()
+    async with cluster(lookahead_s=60) as c:
+        stored = await recording_schedule(c.ledger, "1 0 * * *")
+        fire = START.replace(second=0) + timedelta(minutes=1)
+        await c.start_node("n1")
+        await trio.sleep((fire - timedelta(seconds=3) - c.db_clock.now()).total_seconds())
+        key = f"s:{fire.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+        assert (await c.ledger.executions_get(key)).execution.status is ExecutionStatus.QUEUED
+        await c.ledger.schedules_delete(SchedulesDelete("s"))
+        await trio.sleep(1)
+        again = msgspec.structs.replace(stored, payload={"n": 2}, next_run_at=fire)
+        await c.ledger.schedules_create(SchedulesCreate([again]))
+        await trio.sleep(120)
+        executions = await all_executions(c.ledger)
+    assert runs == [(key, 1, {"n": 2})]
+    assert [(e.execution_id, e.status) for e in executions] == [(key, ExecutionStatus.SUCCEEDED)]
 
 
 async def test_an_execution_whose_schedule_is_deleted_after_its_claim_is_skipped_not_run(
