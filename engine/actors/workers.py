@@ -342,7 +342,7 @@ class WorkerPool:
             execution.schedule_id,
         )
         outcome = Outcome.SKIPPED
-        self._finished[outcome] = self._finished.get(outcome, 0) + 1
+        self._finished[outcome.value] = self._finished.get(outcome.value, 0) + 1
         self._metrics.skipped(SCHEDULE_DELETED)
         return Completion(
             execution.execution_id,
