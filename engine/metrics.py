@@ -54,6 +54,8 @@ The node creates one ``NodeMetrics`` and passes it to the actors like any depend
                             after ``decide``:
                               metrics.execution_finished(execution.task_type,
                                                          decision.outcome, duration_s)
+                            or, for an execution whose schedule was deleted after its
+                            claim (not run): metrics.skipped(SCHEDULE_DELETED)
                               duration_s measured on the monotonic clock around the handler
                               (0.0 when the task type could not even be set up); an
                               abandoned attempt writes no completion and is not counted
@@ -423,7 +425,7 @@ class NodeMetrics:
         )
         self._skipped = Counter(
             "carillon_skipped_total",
-            "Executions recorded as skipped, by reason (catch-up policy, overlap).",
+            "Executions recorded as skipped, by reason (catch-up, overlap, schedule deleted).",
             ["reason"],
             registry=r,
         )

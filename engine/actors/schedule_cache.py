@@ -87,6 +87,17 @@ class ScheduleCache:
             done.set()
         return schedule
 
+    async def refresh(self, schedule_id: str) -> Schedule | None:
+        """The schedule read from the ledger now, whatever is cached (and then cached): for
+        a decision that must not rest on an entry up to ``ttl_s`` old -- that a schedule is
+        deleted, when it may have been created again since."""
+        try:
+            schedule: Schedule | None = await self._ledger.schedules_get(schedule_id)
+        except NotFound:
+            schedule = None
+        self._store({schedule_id: schedule}, [schedule_id])
+        return schedule
+
     async def prefetch(self, schedule_ids: list[str]) -> None:
         """Read the listed schedules that are neither cached nor being read,
         :data:`PAGE_SIZE_MAX` per round trip, and wait for those being read; a read error

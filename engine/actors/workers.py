@@ -32,6 +32,11 @@ from the database) and the partition's owner may have re-queued and re-run the e
 from the handler's start (not from the hand-off, which a frozen process would stretch) and
 clamped to the handler's timeout.
 
+**An execution runs with its schedule's payload, never without one.** If its schedule was
+deleted after the claim (or its id now belongs to another tenant), checked against the
+ledger itself rather than a cached "deleted", the handler never starts: the execution ends
+``skipped`` with ``schedule_deleted``, as the delete ends every execution not yet started.
+
 Task types and their handlers come from :class:`~engine.actors.task_kinds.TaskKinds`,
 schedules from the pipeline's :class:`~engine.actors.schedule_cache.ScheduleCache`. While
 the ledger is unavailable those reads are retried with backoff: a database blip is not the
@@ -66,6 +71,8 @@ from engine.handlers import ExecutionContext, HandlerResult, OutcomeKind
 from engine.handlers.base import ERROR_MESSAGE_CHARS_MAX, is_cancellation
 from engine.ledger.base import (
     BATCH_ROWS_MAX,
+    SCHEDULE_DELETED,
+    SCHEDULE_DELETED_MESSAGE,
     AttemptRef,
     Completion,
     ExecutionsExtend,
@@ -74,6 +81,7 @@ from engine.ledger.base import (
     Outcome,
 )
 from engine.metrics import NodeMetrics
+from engine.model import Execution, Schedule
 
 log = logging.getLogger("carillon.workers")
 
@@ -265,6 +273,13 @@ class WorkerPool:
                 if cached is UNCACHED
                 else cached
             )
+            if not _runs_under(schedule, execution):
+                # Gone, as cached (up to ttl_s ago): ask the ledger before skipping it.
+                refresh = functools.partial(self._schedules.refresh, execution.schedule_id)
+                schedule = await self._read(refresh)
+            if schedule is None or not _runs_under(schedule, execution):
+                attempt.completion = self._schedule_gone(attempt)
+                return True
             context = ExecutionContext(
                 execution_id=execution.execution_id,
                 schedule_id=execution.schedule_id,
@@ -273,8 +288,7 @@ class WorkerPool:
                 planned_at=execution.planned_at,
                 attempt=execution.attempt,
                 fencing_token=execution.fencing_token or 0,
-                # Deleted while it ran: the attempt still gets its context.
-                payload={} if schedule is None else schedule.payload,
+                payload=schedule.payload,
             )
             # One coroutine from here to the handler's result: each await level is a frame
             # per attempt, tens of thousands a second in a burst.
@@ -332,6 +346,29 @@ class WorkerPool:
             self._room.observe(ran_s, timeout_s)
         attempt.completion = self._complete(attempt, result, policy, ran_s)
         return True
+
+    def _schedule_gone(self, attempt: Attempt) -> Completion:
+        """The completion of an attempt whose schedule was deleted after it was claimed: what
+        it would run with (the payload) went with the schedule, so its handler never starts,
+        and it ends as the delete ends every execution that has not started -- ``skipped``
+        with ``schedule_deleted`` (terminal: not retried, not a dead letter)."""
+        execution = attempt.execution
+        log.warning(
+            "execution %s not run: its schedule %s was deleted",
+            execution.execution_id,
+            execution.schedule_id,
+        )
+        outcome = Outcome.SKIPPED
+        self._finished[outcome.value] = self._finished.get(outcome.value, 0) + 1
+        self._metrics.skipped(SCHEDULE_DELETED)
+        return Completion(
+            execution.execution_id,
+            execution.attempt,
+            outcome,
+            None,
+            SCHEDULE_DELETED,
+            SCHEDULE_DELETED_MESSAGE,
+        )
 
     def _why_not_start(self, attempt: Attempt, now: float) -> str | None:
         """Why ``attempt``'s handler must not start now, or ``None``."""
@@ -457,6 +494,12 @@ class WorkerPool:
         self._counts["abandoned"] += 1
         if attempt.scope is not None:
             attempt.scope.cancel()
+
+
+def _runs_under(schedule: Schedule | None, execution: Execution) -> bool:
+    """Whether ``execution`` may run with ``schedule``'s payload: its schedule exists, and
+    is still of the execution's tenant (a deleted id may be created again)."""
+    return schedule is not None and schedule.tenant_id == execution.tenant_id
 
 
 def _partition_of(attempt: Attempt) -> int:

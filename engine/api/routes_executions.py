@@ -4,7 +4,8 @@ and purging it.
 A tenant token sees only its own tenant's executions; another tenant's execution is a 404.
 Replays and purges are audited with the token as the actor and the optional reason. A purge
 of many names at least one filter, or ``"all": true``: deleting every dead letter in sight
-is never what an empty body meant.
+is never what an empty body meant. A dead letter whose schedule is deleted is not replayed
+(it would run without its payload): 409 for one, left out of a replay by filter.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from engine.ledger.base import (
     ExecutionsQuery,
     Page,
 )
-from engine.model import Execution, ExecutionStatus
+from engine.model import Execution, ExecutionStatus, Schedule
 
 
 def _tenant_filter(call: Call) -> str | None:
@@ -88,10 +89,39 @@ async def replay_one(call: Call) -> Reply:
             "can be replayed",
         )
     body: ReasonIn = call.body
+    execution = detail.execution
+    if not await _runnable(call, [execution]):
+        raise _schedule_deleted(execution)
     replayed = await call.api.ledger.dead_letters_replay(
         DeadLettersReplay([execution_id], call.who.actor, body.reason)
     )
+    if not replayed and not await _runnable(call, [execution]):
+        raise _schedule_deleted(execution)  # deleted meanwhile: the ledger refused it
     return Reply(ReplayResult(replayed))
+
+
+async def _runnable(call: Call, executions: list[Execution]) -> list[Execution]:
+    """Those of ``executions`` (at most a page) whose schedule is live and of their tenant:
+    the dead letters a replay could run (it runs with its schedule's payload)."""
+    ids = list(dict.fromkeys(execution.schedule_id for execution in executions))
+    live: dict[str, Schedule] = await call.api.ledger.schedules_get_many(ids)
+    return [
+        execution
+        for execution in executions
+        if (schedule := live.get(execution.schedule_id)) is not None
+        and schedule.tenant_id == execution.tenant_id
+    ]
+
+
+def _schedule_deleted(execution: Execution) -> problems.Problem:
+    return problems.Problem(
+        409,
+        "schedule-deleted",
+        "The execution's schedule is deleted",
+        f"execution {execution.execution_id!r} cannot be replayed: its schedule "
+        f"{execution.schedule_id!r} was deleted, and with it the payload the execution runs "
+        "with; create the schedule again, then replay it",
+    )
 
 
 async def replay_matching(call: Call) -> Reply:
@@ -120,7 +150,8 @@ async def replay_matching(call: Call) -> Reply:
                 limit=min(PAGE_SIZE_MAX, body.limit - len(ids)),
             )
         )
-        ids.extend(execution.execution_id for execution in page.items)
+        # Dead letters of deleted schedules could not run: left out, not counted.
+        ids.extend(execution.execution_id for execution in await _runnable(call, page.items))
         cursor = page.next_cursor
         if cursor is None:
             break

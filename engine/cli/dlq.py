@@ -8,8 +8,10 @@ claim starts the next attempt number. A running node picks replays up within sec
 
 ``replay ID...`` replays those executions; ids that are not dead letters (unknown, or
 already replayed) are named on stderr and skipped, which is not an error, so a replay may
-safely be repeated. ``replay --all`` replays every dead letter matching the filters, in
-rounds of :data:`REPLAY_ROUND_MAX` (for after an outage); it refuses to run without
+safely be repeated. So is a dead letter whose schedule is deleted: it cannot be replayed
+(it would run without its payload). ``replay --all`` replays every dead letter matching the
+filters -- but those of deleted schedules --, in rounds of :data:`REPLAY_ROUND_MAX` (for
+after an outage); it refuses to run without
 ``--schedule``, ``--task-type`` or ``--tenant``: replaying every dead letter of the cluster
 at once is almost never what an operator means, and it can be done filter by filter. The
 API audits each replay with the token as the actor and the ``--reason``.
@@ -66,7 +68,10 @@ AUDIT_LIMIT_DEFAULT: Final = 100
 AUDIT_LIMIT_MAX: Final = 100_000
 REASON_CHARS_SHOWN: Final = 60
 _SKIPPABLE: Final = frozenset({404, 409})
-"""Answers to replaying one id that mean "not a dead letter": skipped, not failed."""
+"""Answers to replaying one id that mean "not a dead letter" (or one whose schedule is
+deleted): skipped, not failed."""
+SCHEDULE_DELETED_PROBLEM: Final = "schedule-deleted"
+"""The API's answer to replaying a dead letter whose schedule is deleted."""
 
 
 def add_parser(commands: Any) -> None:
@@ -231,7 +236,10 @@ def _replay_each(api: ApiClient, ids: list[str], reason: str | None) -> list[str
         except ApiProblem as problem:
             if problem.status not in _SKIPPABLE:
                 raise
-            note(f"{execution_id} is not a dead letter ({problem}); skipped")
+            if problem.slug == SCHEDULE_DELETED_PROBLEM:
+                note(f"{execution_id} cannot be replayed ({problem}); skipped")
+            else:
+                note(f"{execution_id} is not a dead letter ({problem}); skipped")
     return replayed
 
 

@@ -196,6 +196,9 @@ class AdminMethods:
             execution = self._executions.get(key)
             if execution is None or execution.status is not ExecutionStatus.DEAD_LETTER:
                 continue
+            schedule = self._schedules.get(execution.schedule_id)
+            if schedule is None or schedule.tenant_id != execution.tenant_id:
+                continue  # its schedule is deleted: it could not run (no payload)
             self._executions.put(transitions.replayed(execution, now))
             details = replay_audit_details(reason, execution.attempt, execution.error_code)
             self._audit.append(now, actor, AuditAction.DEAD_LETTER_REPLAY.value, key, details)

@@ -27,6 +27,7 @@ from engine.errors import AlreadyExists, NotFound
 from engine.ledger._memory_tables import AuditLog, ExecutionTable, VersionedTable, check_limit
 from engine.ledger.base import (
     CENSUS_GROUPS_MAX,
+    LIFECYCLE_SKIPS,
     SESSIONS_PURGED_MAX,
     Backfilled,
     ChangeKind,
@@ -129,6 +130,18 @@ def added(schedule: Schedule, planned_at: datetime, now: datetime) -> Execution:
         status=ExecutionStatus.QUEUED,
         enqueued_at=now,
         partition_id=schedule.partition_id,
+    )
+
+
+def revivable(execution: Execution, schedule: Schedule) -> bool:
+    """Whether ``execution`` was skipped by a pause or a delete of ``schedule`` before it
+    ever started (attempt 0), as a fire of ``schedule``'s tenant: one that resuming,
+    re-creating or backfilling may queue again (:data:`LIFECYCLE_SKIPS`)."""
+    return (
+        execution.status is ExecutionStatus.SKIPPED
+        and execution.error_code in LIFECYCLE_SKIPS
+        and execution.attempt == 0
+        and execution.tenant_id == schedule.tenant_id
     )
 
 
@@ -281,7 +294,8 @@ class ApiMethods:
         inserted = []
         for at in kept:
             execution = added(schedule, at, now)
-            if self._executions.get(execution.execution_id) is None:
+            existing = self._executions.get(execution.execution_id)
+            if existing is None or revivable(existing, schedule):
                 self._executions.put(execution)
                 inserted.append(execution.execution_id)
         skipped = len(instants) - len(kept)

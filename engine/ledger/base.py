@@ -43,6 +43,7 @@ from engine.ledger.common import (
 from engine.ledger.params import (
     BATCH_ROWS_MAX,
     CENSUS_GROUPS_MAX,
+    LIFECYCLE_SKIPS,
     PAGE_SIZE_MAX,
     PLAN_PAGE_MAX,
     REGION_DEFAULT,
@@ -129,6 +130,7 @@ __all__ = [
     "BATCH_ROWS_MAX",
     "CENSUS_GROUPS_MAX",
     "IN_USE_SHOWN_MAX",
+    "LIFECYCLE_SKIPS",
     "PAGE_SIZE_MAX",
     "PLAN_PAGE_MAX",
     "REGION_DEFAULT",
@@ -249,7 +251,11 @@ class Ledger(Protocol):
         ``task_type`` that does not exist (:meth:`task_types_put` first), for a payload over
         ``PAYLOAD_BYTES_MAX`` or for more than :data:`BATCH_ROWS_MAX` schedules;
         ``AlreadyExists`` naming the ids that exist (not deleted). A deleted schedule's id
-        may be created again (its old executions keep their ids).
+        may be created again (its old executions keep their ids); if it is created enabled,
+        the fires it still has from now on that the delete (or an earlier pause) skipped
+        are queued again in the same transaction, exactly as resuming does
+        (:meth:`schedules_update`): each only if the new schedule fires at that instant and
+        is of the execution's tenant.
 
         **Quota.** ``QuotaExceeded`` -- and nothing is created -- if for some tenant its live
         schedules plus the call's schedules of that tenant would exceed its
@@ -275,9 +281,21 @@ class Ledger(Protocol):
         **Pausing.** An update that turns an enabled schedule into a disabled one also, in
         the same transaction, makes every execution of it that has not started (``queued``,
         or ``failed`` awaiting a retry: what :meth:`schedules_delete` skips) ``skipped`` with
-        ``error_code`` = :data:`SCHEDULE_PAUSED`; running attempts finish normally. Enabling
-        it again skips nothing and revives nothing (a paused-over fire stays skipped; an
-        operator may :meth:`executions_backfill` it).
+        ``error_code`` = :data:`SCHEDULE_PAUSED`; running attempts finish normally.
+
+        **Resuming.** An update that turns a disabled schedule into an enabled one also, in
+        the same transaction, queues again the fires that a pause or delete skipped and
+        that have not come yet: each execution of it that is ``skipped`` with an
+        ``error_code`` of :data:`LIFECYCLE_SKIPS`, ``attempt`` 0 (it never started), of the
+        schedule's tenant, with ``planned_at`` >= ledger now, at an instant the schedule as
+        updated fires at (expression, zone and DST policy: a fire of an older timetable
+        stays skipped), becomes ``queued`` under its id: ``attempt`` 0, the schedule's task
+        type, ``enqueued_at`` = now, ``finished_at``, ``error_code``, ``error_message``,
+        ``not_before`` and the fencing token cleared (as :meth:`executions_backfill` writes
+        one). Nothing else is revived: skips for other reasons (overlap, catch-up), fires
+        that ran, and fires before now stay as they are (an operator may
+        :meth:`executions_backfill` a past one). A planner that plans a revived fire again
+        inserts nothing (its id is taken).
         """
         ...
 
@@ -648,7 +666,9 @@ class Ledger(Protocol):
     async def dead_letters_replay(self, params: DeadLettersReplay) -> list[str]:
         """Put dead letters back to ``queued`` under the same id (history kept; the next
         claim starts the next attempt number); returns the ids replayed, in the order
-        given, without repeats. Others are ignored.
+        given, without repeats. Others are ignored -- and so are dead letters whose schedule
+        is deleted (or is live again under another tenant): such a replay could not run,
+        since what an execution runs with (its payload) is its schedule's.
 
         Audited: in the same transaction, one :class:`~engine.model.AuditEvent` per replayed
         execution is appended (action ``dead_letter.replay``, target its id, ``actor``, and
@@ -685,8 +705,11 @@ class Ledger(Protocol):
         ``planned_at``, under its deterministic id (``execution_id(schedule_id, instant)``),
         like a planned fire (startable at once, since its instant has passed). An id that
         exists already, in any status, is left alone: backfilling over fires that were
-        planned, ran or were skipped adds nothing. Returns the ids inserted, in the order
-        given, without repeats.
+        planned, ran or were skipped adds nothing -- except an execution that a pause or
+        delete skipped before it ever started (``skipped`` with an ``error_code`` of
+        :data:`LIFECYCLE_SKIPS`, ``attempt`` 0, of the schedule's tenant): it never ran, so
+        it is queued again under its id, as resuming does (:meth:`schedules_update`), and
+        counts as inserted. Returns the ids inserted, in the order given, without repeats.
 
         **Purged history.** An instant at or before the schedule id's purge horizon
         (``purged_through``: the latest ``planned_at`` of its executions that

@@ -17,7 +17,16 @@ from typing import Any, Final
 import msgspec
 
 from engine.core.instants import format_utc
-from engine.errors import AlreadyExists, ChangesPruned, InUse, InvalidField, NotFound, QuotaExceeded
+from engine.core.timetable import Timetable
+from engine.errors import (
+    AlreadyExists,
+    ChangesPruned,
+    InUse,
+    InvalidField,
+    NotFound,
+    QuotaExceeded,
+    ValidationError,
+)
 from engine.ledger.params import (
     BATCH_ROWS_MAX,
     SESSION_LIFETIME_S_MAX,
@@ -271,6 +280,28 @@ def backfill_in_future(instants: list[datetime], now: datetime) -> InvalidField 
         f"({format_utc(now)}): only past fires can be backfilled, the planner makes the "
         "future ones (nothing was added)"
     )
+
+
+def fires_among(schedule: Schedule, instants: Iterable[datetime]) -> set[datetime]:
+    """The instants of ``instants`` (aware) at which ``schedule``'s timetable -- its
+    expression, zone and DST policy as they are now -- fires: what resuming or re-creating
+    it may revive (a fire of an older timetable that the schedule no longer has stays
+    skipped). None if its timing does not compile (it is never planned either)."""
+    wanted = sorted({instant.astimezone(UTC) for instant in instants})
+    if not wanted:
+        return set()
+    try:
+        timetable = Timetable.compile(
+            schedule.cron_expr,
+            schedule.timezone,
+            dst_gap=schedule.dst_gap,
+            dst_overlap=schedule.dst_overlap,
+            schedule_id=schedule.schedule_id,
+        )
+        tick = timedelta(microseconds=1)
+        return {at for at in wanted if timetable.next_fire(at - tick).planned_at == at}
+    except ValidationError:
+        return set()
 
 
 def check_id_prefix(prefix: str | None) -> str | None:

@@ -53,7 +53,7 @@ from engine.core.hashing import partition_of
 from engine.errors import AlreadyExists, ConfigError, InvalidField, NotFound, VersionConflict
 from engine.ledger import _memory_tables as transitions
 from engine.ledger._memory_admin import AdminMethods
-from engine.ledger._memory_api import ApiMethods, TokenTable
+from engine.ledger._memory_api import ApiMethods, TokenTable, added, revivable
 from engine.ledger._memory_cluster import ClusterMethods
 from engine.ledger._memory_tables import (
     AuditLog,
@@ -110,7 +110,7 @@ from engine.ledger.base import (
     encode_cursor,
     unknown_task_types,
 )
-from engine.ledger.common import changes_pruned, check_id_prefix, unusable_task_types
+from engine.ledger.common import changes_pruned, check_id_prefix, fires_among, unusable_task_types
 from engine.ledger.params import plannable
 from engine.model import (
     ConsoleSession,
@@ -219,6 +219,8 @@ class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
                 updated_at=now,
             )
             self._schedules[stored.schedule_id] = stored
+            if tombstone is not None and stored.enabled:
+                self._revive_lifecycle_skips(stored, now)
             self._record_change(stored, ChangeKind.CREATED)
             created.append(stored)
         return created
@@ -243,6 +245,8 @@ class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
         self._schedules[stored.schedule_id] = stored
         if current.enabled and not stored.enabled:
             self._skip_pending(stored.schedule_id, now, SCHEDULE_PAUSED, SCHEDULE_PAUSED_MESSAGE)
+        elif stored.enabled and not current.enabled:
+            self._revive_lifecycle_skips(stored, now)
         self._record_change(stored, ChangeKind.UPDATED)
         return stored
 
@@ -343,6 +347,19 @@ class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
         for execution in self._executions.of_schedule(schedule_id):
             if execution.status in _NOT_STARTED:
                 self._executions.put(transitions.skipped_by_schedule(execution, now, code, message))
+
+    def _revive_lifecycle_skips(self, schedule: Schedule, now: datetime) -> None:
+        """Queue again the fires of ``schedule`` from ``now`` on that a pause or a delete
+        skipped before they started, if its timetable still has them (resume, re-create)."""
+        candidates = [
+            execution
+            for execution in self._executions.of_schedule(schedule.schedule_id)
+            if execution.planned_at >= now and revivable(execution, schedule)
+        ]
+        fires = fires_among(schedule, (execution.planned_at for execution in candidates))
+        for execution in candidates:
+            if execution.planned_at in fires:
+                self._executions.put(added(schedule, execution.planned_at, now))
 
     def _live_schedule(self, schedule_id: str) -> Schedule:
         schedule = self._schedules.get(schedule_id)

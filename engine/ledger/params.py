@@ -45,6 +45,10 @@ SCHEDULE_DELETED_MESSAGE: Final = "the schedule was deleted before this executio
 SCHEDULE_PAUSED: Final = "schedule_paused"
 """``error_code`` of executions skipped because their schedule was disabled (paused)."""
 SCHEDULE_PAUSED_MESSAGE: Final = "the schedule was paused before this execution started"
+LIFECYCLE_SKIPS: Final = (SCHEDULE_PAUSED, SCHEDULE_DELETED)
+"""The ``error_code`` of executions skipped by a pause or a delete: the skips that resuming,
+re-creating or backfilling may revive (those of a fire that never started). A skip for
+any other reason -- an overlap policy, a catch-up policy -- is never revived."""
 
 T = TypeVar("T")
 

@@ -24,11 +24,13 @@ from engine.ledger.base import (
     Completion,
     ExecutionsClaim,
     ExecutionsComplete,
+    ExecutionsPlan,
     ExecutionsTrigger,
     Fence,
     LeasesAcquire,
     Ledger,
     Outcome,
+    PlannedExecution,
     TaskTypesPut,
     TokensCreate,
 )
@@ -117,6 +119,15 @@ class Api:
             # The next trigger gets an instant of its own, and this one is startable now.
             self.clock.advance(0.001)
         return execution.execution_id
+
+    async def planned(self, schedule_id: str, at: datetime) -> str:
+        """The fire of the schedule at ``at``, planned as its planner would (queued); its id."""
+        schedule = await self.ledger.schedules_get(schedule_id)
+        assert schedule.partition_id is not None
+        fence = await self._fence(schedule.partition_id)
+        fire = PlannedExecution(schedule_id, schedule.tenant_id, schedule.task_type, at)
+        [key] = (await self.ledger.executions_plan(ExecutionsPlan(fence, [fire], []))).inserted
+        return key
 
     async def dead_letter(self, schedule_id: str) -> str:
         """An execution of the schedule that ran and was dead-lettered; its id."""

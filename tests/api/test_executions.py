@@ -164,6 +164,43 @@ async def test_replaying_a_run_that_is_not_a_dead_letter_gets_409(api: Api) -> N
     assert detail["execution"]["status"] == "queued"
 
 
+async def test_replaying_a_dead_letter_of_a_deleted_schedule_gets_409_and_changes_nothing(
+    api: Api,
+) -> None:
+    await api.create_schedule("gone")
+    dead = await api.dead_letter("gone")
+    deleted = await api.client.delete("/v1/schedules/gone", headers=api.admin)
+    assert deleted.status_code == 204
+    for headers in (api.admin, api.tenant("acme")):
+        response = await api.client.post(f"/v1/dead-letters/{dead}:replay", headers=headers)
+        body = assert_problem(response, 409, "schedule-deleted")
+        assert "'gone' was deleted" in body["detail"]
+    detail = (await api.client.get(f"/v1/executions/{dead}", headers=api.admin)).json()
+    assert detail["execution"]["status"] == "dead-letter"
+    assert await api.ledger.audit_list(AuditQuery(action="dead_letter.replay")) == []
+    # Created again, the schedule has a payload to run with: the replay goes through.
+    await api.create_schedule("gone")
+    response = await api.client.post(f"/v1/dead-letters/{dead}:replay", headers=api.admin)
+    assert response.json() == {"replayed": [dead]}
+
+
+async def test_replaying_by_filter_leaves_out_dead_letters_of_deleted_schedules(
+    api: Api,
+) -> None:
+    await api.create_schedule("deleted-one")
+    await api.create_schedule("kept-one")
+    gone = [await api.dead_letter("deleted-one") for _ in range(3)]  # planned first
+    kept = await api.dead_letter("kept-one")
+    await api.client.delete("/v1/schedules/deleted-one", headers=api.admin)
+    response = await api.client.post(
+        "/v1/dead-letters:replay", json={"tenant_id": "acme", "limit": 1}, headers=api.admin
+    )
+    assert response.status_code == 200, response.text
+    assert response.json() == {"replayed": [kept]}
+    remaining = await walk_pages(api.client, "/v1/dead-letters", api.admin, 100)
+    assert sorted(item["execution_id"] for item in remaining) == sorted(gone)
+
+
 async def test_replaying_by_filter_replays_the_matching_dead_letters_only(api: Api) -> None:
     await api.create_schedule("f-one")
     await api.create_schedule("f-two")

@@ -274,5 +274,7 @@ def _valid_body(endpoint: Endpoint) -> object:
         "BackfillIn": {"from": "2026-03-01T00:00:00Z", "to": "2026-03-01T01:00:00Z"},
         "TaskTypeSpec": {"kind": "noop"},
         "RegionFailoverSpec": {"to_region": "east"},
+        "PurgeFilter": {"all": True},
+        "SecretRotation": {"secret": "whsec_" + "A" * 43},
     }
     return bodies.get(getattr(endpoint.body, "__name__", ""), {})

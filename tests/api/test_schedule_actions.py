@@ -10,6 +10,7 @@ import pytest
 from engine.core.instants import format_utc
 from engine.ledger.base import (
     BATCH_ROWS_MAX,
+    SCHEDULE_DELETED,
     SCHEDULE_PAUSED,
     AuditQuery,
     ExecutionsQuery,
@@ -83,12 +84,41 @@ async def test_resume_on_every_ledger_moves_next_run_past_now(api: Api) -> None:
     assert again.json()["version"] == response.json()["version"]
 
 
-async def test_resume_does_not_revive_runs_skipped_by_the_pause(api: Api) -> None:
-    await api.create_schedule("no-revival")
-    queued = await api.queued("no-revival")
-    await api.client.post("/v1/schedules/no-revival:pause", headers=api.admin)
-    await api.client.post("/v1/schedules/no-revival:resume", headers=api.admin)
-    assert (await statuses(api, "no-revival"))[queued] == ("skipped", SCHEDULE_PAUSED)
+async def test_resume_queues_again_the_fires_to_come_the_pause_skipped_and_nothing_else(
+    api: Api,
+) -> None:
+    await api.create_schedule("revival", cron_expr="* * * * *")
+    now = await api.now()
+    minute = now.replace(second=0, microsecond=0)
+    passed = await api.planned("revival", minute - timedelta(minutes=1))
+    to_come = await api.planned("revival", minute + timedelta(minutes=1))  # in the lookahead
+    triggered = await api.queued("revival")  # an operator's run: not a fire of its timetable
+    await api.client.post("/v1/schedules/revival:pause", headers=api.admin)
+    found = await statuses(api, "revival")
+    assert {found[key] for key in (passed, to_come, triggered)} == {("skipped", SCHEDULE_PAUSED)}
+    response = await api.client.post("/v1/schedules/revival:resume", headers=api.admin)
+    assert response.status_code == 200, response.text
+    found = await statuses(api, "revival")
+    assert found[to_come] == ("queued", None)
+    assert found[passed] == found[triggered] == ("skipped", SCHEDULE_PAUSED)
+    assert len(found) == 3
+
+
+async def test_deleting_and_creating_a_schedule_again_queues_its_fires_to_come_again(
+    api: Api,
+) -> None:
+    await api.create_schedule("reborn", cron_expr="* * * * *")
+    minute = (await api.now()).replace(second=0, microsecond=0)
+    first = await api.planned("reborn", minute + timedelta(minutes=1))
+    second = await api.planned("reborn", minute + timedelta(minutes=2))
+    deleted = await api.client.delete("/v1/schedules/reborn", headers=api.admin)
+    assert deleted.status_code == 204
+    # Created again to fire only at the second instant's minute: the first stays skipped.
+    cron = f"{(minute + timedelta(minutes=2)).minute} * * * *"
+    await api.create_schedule("reborn", cron_expr=cron)
+    found = await statuses(api, "reborn")
+    assert found[first] == ("skipped", SCHEDULE_DELETED)
+    assert found[second] == ("queued", None)
 
 
 async def test_patch_enabled_false_skips_queued_runs_like_pause(api: Api) -> None:
@@ -250,21 +280,33 @@ async def test_backfill_over_existing_runs_inserts_only_the_missing_ones(memory_
     assert set(second.json()["execution_ids"]).isdisjoint(first.json()["execution_ids"])
 
 
-async def test_backfill_leaves_a_skipped_run_skipped(api: Api) -> None:
-    await api.create_schedule("skipped-stays")
+async def test_backfill_queues_again_the_runs_a_pause_skipped_but_not_one_that_ran(
+    api: Api,
+) -> None:
+    await api.create_schedule("skipped-again")
     now = await api.now()
     body = {"from": format_utc(now - timedelta(minutes=30)), "to": format_utc(now)}
     first = await api.client.post(
-        "/v1/schedules/skipped-stays:backfill", json=body, headers=api.admin
+        "/v1/schedules/skipped-again:backfill", json=body, headers=api.admin
     )
-    await api.client.post("/v1/schedules/skipped-stays:pause", headers=api.admin)
-    await api.client.post("/v1/schedules/skipped-stays:resume", headers=api.admin)
+    ids = first.json()["execution_ids"]
+    await api.client.post("/v1/schedules/skipped-again:pause", headers=api.admin)
+    await api.client.post("/v1/schedules/skipped-again:resume", headers=api.admin)
+    found = await statuses(api, "skipped-again")
+    assert {found[i] for i in ids} == {("skipped", SCHEDULE_PAUSED)}
     again = await api.client.post(
-        "/v1/schedules/skipped-stays:backfill", json=body, headers=api.admin
+        "/v1/schedules/skipped-again:backfill", json=body, headers=api.admin
     )
-    assert again.json()["inserted"] == 0
-    found = await statuses(api, "skipped-stays")
-    assert {found[i] for i in first.json()["execution_ids"]} == {("skipped", SCHEDULE_PAUSED)}
+    # They never ran: queued again, under their own ids.
+    assert again.json()["inserted"] == len(ids)
+    assert sorted(again.json()["execution_ids"]) == sorted(ids)
+    found = await statuses(api, "skipped-again")
+    assert {found[i] for i in ids} == {("queued", None)}
+    # A backfill over them now (queued, or once they ran) adds nothing.
+    third = await api.client.post(
+        "/v1/schedules/skipped-again:backfill", json=body, headers=api.admin
+    )
+    assert third.json()["inserted"] == 0
 
 
 async def test_backfill_refuses_a_range_reaching_into_the_future(api: Api) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from engine.core.instants import format_utc
 from engine.errors import NotFound
-from engine.ledger.base import AuditQuery, Ledger
+from engine.ledger.base import AuditQuery, Ledger, SchedulesDelete
 from engine.model import ExecutionStatus
 from tests.cli.conftest import Api
 from tests.cli.harness import LETTERS, Cli, dead_letters
@@ -66,6 +66,27 @@ async def test_executions_without_from_lists_the_last_minutes_by_this_machines_c
     assert (result.code, result.out) == (0, "no executions match\n")
     result = await cli("executions", "--minutes", "5", "--from", "2026-01-01T00:00:00Z")
     assert (result.code, result.err) == (2, "carillon: error: give --from or --minutes, not both\n")
+
+
+async def test_dlq_replay_skips_a_dead_letter_whose_schedule_is_deleted_and_says_why(
+    api: Api, cli: Cli
+) -> None:
+    ids = await dead_letters(api.ledger, LETTERS)
+    await api.ledger.schedules_delete(SchedulesDelete("bill-1"))
+    result = await cli("dlq", "replay", ids["bill-1"], ids["bill-2"])
+    assert (result.code, result.out) == (0, "replayed 1 of 2 dead letters\n")
+    assert result.err == (
+        f"carillon: {ids['bill-1']} cannot be replayed (execution {ids['bill-1']!r} cannot be "
+        "replayed: its schedule 'bill-1' was deleted, and with it the payload the execution "
+        "runs with; create the schedule again, then replay it); skipped\n"
+    )
+    result = await cli("dlq", "replay", "--all", "--task-type", "billing")
+    assert (result.code, result.out) == (0, "replayed 1 dead letter\n")  # bill-3, not bill-1
+    assert await statuses(api.ledger, [ids["bill-1"], ids["bill-2"], ids["bill-3"]]) == [
+        ExecutionStatus.DEAD_LETTER,
+        ExecutionStatus.QUEUED,
+        ExecutionStatus.QUEUED,
+    ]
 
 
 async def test_dlq_list_shows_dead_letters_filtered(api: Api, cli: Cli) -> None:

@@ -227,7 +227,7 @@ async def test_a_tenant_token_sees_and_creates_only_its_own_tenants_schedules(
     result = await cli("schedule", "list")
     assert [line.split()[0] for line in result.out.splitlines()[1:]] == ["mine"]
     result = await cli("schedule", "show", "theirs")
-    assert (result.code, result.err) == (1, "carillon: error: schedule 'theirs' not found\n")
+    assert (result.code, result.err) == (1, "carillon: error: schedule 'theirs' does not exist\n")
 
 
 @pytest.mark.parametrize(

@@ -98,3 +98,19 @@ async def test_a_replay_needs_a_selection(console: Console) -> None:
     response = await browser.post("/ui/dead-letters/replay", {"confirmed": "yes"})
     assert response.status_code == 422
     assert "select at least one" in response.text
+
+
+async def test_a_replay_skips_a_dead_letter_whose_schedule_is_deleted(console: Console) -> None:
+    api = console.api
+    await api.create_schedule("kept")
+    await api.create_schedule("gone")
+    kept, gone = await api.dead_letter("kept"), await api.dead_letter("gone")
+    await api.client.delete("/v1/schedules/gone", headers=api.admin)
+    browser = await console.signed_in()
+    done = await browser.post(
+        "/ui/dead-letters/replay", {"execution_id": [gone, kept], "confirmed": "yes"}
+    )
+    assert done.status_code == 303
+    assert done.headers["location"].endswith("notice=replayed")
+    assert (await api.ledger.executions_get(kept)).execution.status is ExecutionStatus.QUEUED
+    assert (await api.ledger.executions_get(gone)).execution.status is (ExecutionStatus.DEAD_LETTER)

@@ -119,7 +119,8 @@ async def replay(visit: Visit) -> Response:
                 routes_executions.replay_one, path={"execution_id": key}, body=body
             )
         except problems.Problem as problem:
-            if problem.slug != "not-a-dead-letter":  # replayed meanwhile: nothing to do
+            # Replayed meanwhile, or its schedule deleted (it cannot run): nothing to do.
+            if problem.slug not in ("not-a-dead-letter", "schedule-deleted"):
                 raise
             continue
         replayed.extend(result.replayed)

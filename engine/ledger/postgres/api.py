@@ -20,6 +20,7 @@ import asyncpg
 from engine.errors import AlreadyExists, NotFound
 from engine.ledger.base import (
     CENSUS_GROUPS_MAX,
+    LIFECYCLE_SKIPS,
     SESSIONS_PURGED_MAX,
     Backfilled,
     ChangeKind,
@@ -217,7 +218,18 @@ async def executions_backfill(store: Store, params: ExecutionsBackfill) -> Backf
             schedule["task_type"],
             schedule["partition_id"],
         )
-        inserted = in_order(ids, (row["execution_id"] for row in rows))
+        added = {row["execution_id"] for row in rows}
+        rest = [key for key in ids if key not in added]
+        if rest:  # fires a pause or delete skipped before they started: queued again
+            revived = await connection.fetch(
+                sql.EXECUTIONS_REVIVE,
+                rest,
+                [schedule["tenant_id"]] * len(rest),
+                [schedule["task_type"]] * len(rest),
+                list(LIFECYCLE_SKIPS),
+            )
+            added.update(row["execution_id"] for row in revived)
+        inserted = in_order(ids, added)
         details = backfill_audit_details(len(inserted), instants, reason, skipped)
         await _audit(connection, actor, AuditAction.SCHEDULE_BACKFILL, schedule_id, details)
         if inserted:

@@ -11,12 +11,15 @@ Every create or update first key-share-locks the task types its schedules name
 (:func:`_lock_task_types`): an unknown one is refused by name, and a known one cannot be
 deleted until this transaction ends. A create then locks the rows of its tenants that have
 a schedule quota and counts their schedules (:func:`_require_quotas`), so that concurrent
-creates cannot take a tenant past its quota together. An update that disables a schedule
-locks its row first and skips its pending executions (pausing), like a delete.
+creates cannot take a tenant past its quota together. An update locks its row first; one
+that disables the schedule skips its pending executions (pausing), like a delete, and one
+that enables it -- or a create of a deleted id -- queues again the fires from now on that a
+pause or delete skipped (:func:`revive_lifecycle_skips`).
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections import Counter
 from typing import Any, Final, NoReturn
@@ -28,6 +31,7 @@ from engine.core.hashing import partition_of
 from engine.errors import AlreadyExists, InvalidField, NotFound, VersionConflict
 from engine.ledger.base import (
     BATCH_ROWS_MAX,
+    LIFECYCLE_SKIPS,
     PAGE_SIZE_MAX,
     PLAN_PAGE_MAX,
     SCHEDULE_DELETED,
@@ -52,6 +56,7 @@ from engine.ledger.base import (
 from engine.ledger.common import (
     changes_pruned,
     check_id_prefix,
+    fires_among,
     quota_exceeded,
     unusable_task_types,
 )
@@ -100,6 +105,10 @@ async def schedules_create(store: Store, params: SchedulesCreate) -> list[Schedu
         created = {row["schedule_id"]: schedule_from_row(row) for row in rows}
         if len(created) < len(ids):  # a concurrent create of the same id committed first
             _raise_exists(sorted(set(ids) - created.keys()))
+        # A version above 1 is a deleted id created again (SCHEDULES_INSERT).
+        recreated = [s for s in created.values() if s.version > 1 and s.enabled]
+        if recreated:
+            await revive_lifecycle_skips(connection, recreated)
         await append_changes(
             connection,
             ids,
@@ -115,11 +124,10 @@ async def schedules_update(store: Store, params: SchedulesUpdate) -> Schedule:
     _check_schedule(schedule)
     async with store.transaction() as connection:
         await _lock_task_types(connection, [schedule])
-        pausing = False
-        if not schedule.enabled:
-            # Whether this pauses it, read under the row lock the update then holds.
-            current = await connection.fetchrow(sql.SCHEDULE_GET_FOR_UPDATE, schedule.schedule_id)
-            pausing = current is not None and current["enabled"]
+        # Whether this pauses or resumes it, read under the row lock the update then holds.
+        current = await connection.fetchrow(sql.SCHEDULE_GET_FOR_UPDATE, schedule.schedule_id)
+        pausing = current is not None and current["enabled"] and not schedule.enabled
+        resuming = current is not None and not current["enabled"] and schedule.enabled
         row = await connection.fetchrow(
             sql.SCHEDULE_UPDATE,
             schedule.schedule_id,
@@ -142,6 +150,8 @@ async def schedules_update(store: Store, params: SchedulesUpdate) -> Schedule:
                 SCHEDULE_PAUSED,
                 SCHEDULE_PAUSED_MESSAGE,
             )
+        elif resuming:
+            await revive_lifecycle_skips(connection, [updated])
         await append_changes(
             connection,
             [updated.schedule_id],
@@ -312,6 +322,38 @@ async def append_changes(
     await connection.fetchrow(
         sql.CHANGES_APPEND, schedule_ids, partition_ids, [str(k) for k in kinds], versions
     )
+
+
+async def revive_lifecycle_skips(
+    connection: asyncpg.Connection, schedules: list[Schedule]
+) -> list[str]:
+    """Queue again the fires of ``schedules`` (just resumed or re-created, rows locked) from
+    now on that a pause or delete skipped before they started, where each schedule's
+    timetable still has them (:func:`~engine.ledger.common.fires_among`)."""
+    by_id = {schedule.schedule_id: schedule for schedule in schedules}
+    rows = await connection.fetch(
+        sql.EXECUTIONS_LIFECYCLE_SKIPPED, list(by_id), list(LIFECYCLE_SKIPS)
+    )
+    if not rows:
+        return []
+    ids: list[str] = []
+    tenants: list[str] = []
+    task_types: list[str] = []
+    for schedule_id, group in itertools.groupby(rows, key=lambda row: row["schedule_id"]):
+        schedule = by_id[schedule_id]
+        mine = [row for row in group if row["tenant_id"] == schedule.tenant_id]
+        fires = fires_among(schedule, (row["planned_at"] for row in mine))
+        for row in mine:
+            if row["planned_at"] in fires:
+                ids.append(row["execution_id"])
+                tenants.append(schedule.tenant_id)
+                task_types.append(schedule.task_type)
+    if not ids:
+        return []
+    revived = await connection.fetch(
+        sql.EXECUTIONS_REVIVE, ids, tenants, task_types, list(LIFECYCLE_SKIPS)
+    )
+    return [row["execution_id"] for row in revived]
 
 
 async def _require_quotas(connection: asyncpg.Connection, schedules: list[Schedule]) -> None:

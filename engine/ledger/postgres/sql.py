@@ -265,6 +265,31 @@ same transaction, which holds the schedule row: under READ COMMITTED it sees eve
 execution a planner committed while holding the row, and a planner that comes later finds
 the schedule deleted or disabled."""
 
+EXECUTIONS_LIFECYCLE_SKIPPED: Final = """
+SELECT execution_id, schedule_id, tenant_id, planned_at FROM executions
+WHERE schedule_id = ANY($1::text[]) AND planned_at >= now() AND status = 'skipped'
+  AND attempt = 0 AND error_code = ANY($2::text[])
+ORDER BY schedule_id, planned_at
+"""
+"""The fires of schedules ``$1`` from now on that a pause or delete (the reasons ``$2``)
+skipped before they started: what resuming or re-creating a schedule revives (those of its
+tenant that its timetable still has; filtered by the caller). A range of
+executions_schedule_idx per schedule."""
+
+EXECUTIONS_REVIVE: Final = """
+UPDATE executions AS e
+SET status = 'queued', task_type = u.task_type, enqueued_at = now(), finished_at = NULL,
+    not_before = NULL, error_code = NULL, error_message = NULL, fencing_token = NULL
+FROM unnest($1::text[], $2::text[], $3::text[]) AS u (execution_id, tenant_id, task_type)
+WHERE e.execution_id = u.execution_id AND e.tenant_id = u.tenant_id
+  AND e.status = 'skipped' AND e.attempt = 0 AND e.error_code = ANY($4::text[])
+RETURNING e.execution_id
+"""
+"""Queue again executions ``$1`` of tenants ``$2`` that a pause or delete (the reasons
+``$4``) skipped before they ever started, as their schedule would plan them now (task type
+``$3``, enqueued now, written under no lease); any other row is left alone and not
+returned. Run under the schedule's row lock (resume, re-create) or share lock (backfill)."""
+
 CHANGES_LOCK: Final = f"SELECT pg_advisory_xact_lock({CHANGES_LOCK_KEY})"
 """Taken right before :data:`CHANGES_APPEND`, held until commit: the next writer draws its
 ``seq`` only after this transaction is visible, so ``seq`` order is commit order."""

@@ -284,10 +284,14 @@ FROM execution_attempts WHERE execution_id = $1 ORDER BY attempt
 
 DEAD_LETTERS_REPLAY: Final = """
 WITH letters AS (
-    SELECT execution_id, attempt, error_code FROM executions
-    WHERE execution_id = ANY($1::text[]) AND status = 'dead-letter'
-    ORDER BY execution_id
-    FOR UPDATE
+    SELECT x.execution_id, x.attempt, x.error_code FROM executions AS x
+    WHERE x.execution_id = ANY($1::text[]) AND x.status = 'dead-letter'
+      AND EXISTS (
+          SELECT 1 FROM schedules AS s
+          WHERE s.schedule_id = x.schedule_id AND s.deleted_at IS NULL
+            AND s.tenant_id = x.tenant_id)
+    ORDER BY x.execution_id
+    FOR UPDATE OF x
 )
 UPDATE executions AS e
 SET status = 'queued', enqueued_at = now(), not_before = NULL, finished_at = NULL,
@@ -297,7 +301,10 @@ WHERE e.execution_id = letters.execution_id
 RETURNING e.execution_id, letters.attempt, letters.error_code
 """
 """Replay dead letters, returning what the audit trail records of each: its attempt count
-and the error code it was dead-lettered with (read, locked, before the update clears it)."""
+and the error code it was dead-lettered with (read, locked, before the update clears it).
+Only those whose schedule is live and still of their tenant: one of a deleted schedule could
+not run (its payload went with the schedule). A delete that commits after a replay skips
+what it replayed (its later statement waits for the row and sees it queued)."""
 
 DEAD_LETTERS_PURGE_SELECT: Final = f"""
 WITH doomed AS (
