@@ -51,12 +51,6 @@ def replica_of(primary: MemoryLedger) -> MemoryLedger:
     replica = MemoryLedger.__new__(MemoryLedger)
     memo: dict[int, Any] = {id(clock): clock}
     for name, value in state.items():
-        copied = _feed_copy(value) if isinstance(value, ChangeFeed) else copy.deepcopy(value, memo)
+        copied = value.copy() if isinstance(value, ChangeFeed) else copy.deepcopy(value, memo)
         setattr(replica, name, copied)
     return replica
-
-
-def _feed_copy(feed: ChangeFeed) -> ChangeFeed:
-    fresh = ChangeFeed()
-    fresh._changes = list(feed._changes)  # frozen rows: the list is the copy
-    return fresh

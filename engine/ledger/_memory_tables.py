@@ -512,6 +512,15 @@ class ChangeFeed:
     def last_seq(self) -> int:
         return self._last_seq
 
+    def copy(self) -> ChangeFeed:
+        """The same log and pruned mark with waiters of its own (a simulated replica's)."""
+        fresh = ChangeFeed()
+        fresh._changes = list(self._changes)  # frozen rows: the list is the copy
+        fresh._appended_at = list(self._appended_at)
+        fresh._last_seq = self._last_seq
+        fresh.pruned_through = self.pruned_through
+        return fresh
+
     def append(
         self, schedule_id: str, partition_id: int, kind: ChangeKind, version: int, at: datetime
     ) -> ScheduleChange:

@@ -9,7 +9,7 @@ import trio.testing
 
 from engine.core.hashing import partition_of
 from engine.ledger.base import ExecutionsExtend, TaskTypesPut
-from engine.model import Execution, ExecutionStatus, HandlerKind, TaskType
+from engine.model import Execution, ExecutionStatus, HandlerKind, Schedule, TaskType
 from tests.actors import probe_handlers
 from tests.actors.harness import (
     PARTITIONS,
@@ -127,8 +127,18 @@ async def test_a_claimed_execution_never_starts_once_its_attempt_lease_may_have_
     # started the handlers of executions it had claimed before the pause -- whose attempt
     # leases had run out meanwhile, so the new owner had re-queued and re-run them already.
     probe_handlers.reset(run_s=0.0)
+    keys = ("just-claimed", "waited-half-its-lease", "claimed-before-a-45-s-freeze")
     async with cluster() as c:
         await c.ledger.task_types_put(TaskTypesPut(PROBE))
+        # Live schedules (a worker never runs an execution whose schedule is gone), firing
+        # only once a year, so nothing but the attempts below runs.
+        await create(
+            c.ledger,
+            [
+                Schedule(schedule_id=key, tenant_id="t", cron_expr="0 0 1 1 *", task_type="probe")
+                for key in keys
+            ],
+        )
         node = (await c.start_node("n1")).node
         with trio.fail_after(60):
             while len(node.table) < PARTITIONS:
