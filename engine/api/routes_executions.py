@@ -10,7 +10,7 @@ from typing import Final
 
 from engine.api import problems
 from engine.api.endpoint import Call, Endpoint, QueryParam, Reply, check_instant
-from engine.api.schemas import ReasonIn, ReplayFilter, ReplayResult
+from engine.api.schemas import REPLAY_FILTERS, ReasonIn, ReplayFilter, ReplayResult
 from engine.ledger.base import (
     PAGE_SIZE_MAX,
     DeadLettersReplay,
@@ -86,6 +86,11 @@ async def replay_one(call: Call) -> Reply:
 
 async def replay_matching(call: Call) -> Reply:
     body: ReplayFilter = call.body
+    if not body.all and all(getattr(body, name) is None for name in REPLAY_FILTERS):
+        raise problems.invalid(
+            "name the dead letters to replay: give schedule_id, tenant_id or task_type, or "
+            'send "all": true to replay every one (a tenant token: every one of its tenant)'
+        )
     for name, value in (("planned_from", body.planned_from), ("planned_to", body.planned_to)):
         if value is not None:
             check_instant(value, name)
@@ -166,7 +171,7 @@ ENDPOINTS: Final = (
         "POST",
         "/v1/dead-letters:replay",
         replay_matching,
-        "Replay the dead letters matching a filter",
+        "Replay the dead letters matching a filter (or all of them, explicitly)",
         body=ReplayFilter,
         response=ReplayResult,
         tag="dead-letters",

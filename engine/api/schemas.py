@@ -109,8 +109,13 @@ class Preview(msgspec.Struct, frozen=True):
 
 
 class ReplayFilter(_In, frozen=True):
-    """Which dead letters to replay (``POST /v1/dead-letters:replay``)."""
+    """Which dead letters to replay (``POST /v1/dead-letters:replay``): those of a schedule,
+    a tenant or a task type (:data:`REPLAY_FILTERS`), or with ``all`` every one the token
+    may see; ``planned_from``/``planned_to`` narrow either."""
 
+    all: bool = False
+    """Replay without naming a schedule, tenant or task type: every dead letter of the
+    cluster (a tenant token: of its own tenant). Required when no such filter is given."""
     schedule_id: str | None = None
     tenant_id: str | None = None
     task_type: str | None = None
@@ -118,6 +123,10 @@ class ReplayFilter(_In, frozen=True):
     planned_to: datetime | None = None
     limit: Annotated[int, Meta(ge=1, le=BATCH_ROWS_MAX)] = 1000
     reason: Reason | None = None
+
+
+REPLAY_FILTERS: Final = ("schedule_id", "tenant_id", "task_type")
+"""The fields of which a replay by filter must name one, unless it says ``"all": true``."""
 
 
 class ReplayResult(msgspec.Struct, frozen=True):
