@@ -34,9 +34,14 @@ from engine.ledger.base import Ledger
 
 log = logging.getLogger("carillon.api")
 
-BODY_BYTES_MAX: Final = 128 * 1024
-"""Default body limit: one schedule with a full 64 KiB payload fits with room to spare."""
-BATCH_BODY_BYTES_MAX: Final = 1024 * 1024
+BODY_BYTES_MAX: Final = 256 * 1024
+"""Default body limit. One schedule with a full payload (64 KiB of compact UTF-8 JSON) fits
+however its client escapes it: ``\\u`` escapes of non-ASCII text (Python's ``json.dumps``)
+take at most three times the bytes, 192 KiB."""
+BATCH_BODY_BYTES_MAX: Final = 8 * 1024 * 1024
+"""The batch route's limit: a full batch (10,000 schedules) may average 838 bytes each -- a
+schedule with every field set and a few hundred bytes of payload. Batches of larger
+schedules are split by the client; the 413 says so."""
 JSON: Final = "application/json"
 INSTANT_MIN: Final = datetime(1900, 1, 1, tzinfo=UTC)
 INSTANT_MAX: Final = datetime(9000, 1, 1, tzinfo=UTC)
@@ -174,6 +179,8 @@ class Endpoint:
     """The response body's type, for the OpenAPI document (``None``: no body)."""
     status: int = 200
     body_bytes_max: int = BODY_BYTES_MAX
+    too_large: str = ""
+    """What the 413 adds to its detail (how to stay under the limit)."""
     query: tuple[QueryParam, ...] = ()
     tag: str = "schedules"
 
@@ -250,7 +257,7 @@ async def _read_body(endpoint: Endpoint, request: Request) -> Any:
     if declared is not None:
         try:
             if int(declared) > limit:
-                raise problems.too_large(limit)
+                raise problems.too_large(limit, endpoint.too_large)
         except ValueError:
             raise problems.bad_request("the Content-Length header is not a number") from None
     chunks: list[bytes] = []
@@ -260,7 +267,7 @@ async def _read_body(endpoint: Endpoint, request: Request) -> Any:
         async for chunk in stream:
             size += len(chunk)
             if size > limit:
-                raise problems.too_large(limit)
+                raise problems.too_large(limit, endpoint.too_large)
             chunks.append(chunk)
     raw = b"".join(chunks)
     if not raw.strip():

@@ -100,12 +100,14 @@ def forbidden(detail: str) -> Problem:
     return Problem(403, "forbidden", "Not allowed", detail)
 
 
-def too_large(limit_bytes: int) -> Problem:
+def too_large(limit_bytes: int, advice: str = "") -> Problem:
+    """413 naming the route's limit (``advice``: how to stay under it)."""
+    detail = f"the body exceeds the limit of {limit_bytes} bytes for this route"
     return Problem(
         413,
         "payload-too-large",
         "The request body is too large",
-        f"the body exceeds the limit of {limit_bytes} bytes for this route",
+        f"{detail}; {advice}" if advice else detail,
     )
 
 

@@ -337,6 +337,8 @@ ENDPOINTS: Final = (
         response=BatchResult,
         status=201,
         body_bytes_max=BATCH_BODY_BYTES_MAX,
+        too_large=f"a batch holds at most {BATCH_ROWS_MAX} schedules and "
+        f"{BATCH_BODY_BYTES_MAX} bytes of JSON; send smaller batches",
     ),
     Endpoint(
         "POST",

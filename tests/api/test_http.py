@@ -91,7 +91,7 @@ async def test_non_numeric_content_length_gets_400(memory_api: Api) -> None:
 
 
 @pytest.mark.parametrize("endpoint", NORMAL_BODY, ids=label)
-async def test_body_over_128_kib_with_content_length_gets_413(
+async def test_body_over_the_limit_with_content_length_gets_413(
     memory_api: Api, endpoint: Endpoint
 ) -> None:
     response = await memory_api.client.request(
@@ -105,7 +105,7 @@ async def test_body_over_128_kib_with_content_length_gets_413(
 
 
 @pytest.mark.parametrize("endpoint", NORMAL_BODY, ids=label)
-async def test_streamed_body_over_128_kib_without_content_length_gets_413(
+async def test_streamed_body_over_the_limit_without_content_length_gets_413(
     memory_api: Api, endpoint: Endpoint
 ) -> None:
     body = await streamed(memory_api, endpoint.method, concrete(endpoint.path), BODY_BYTES_MAX + 1)
@@ -113,7 +113,7 @@ async def test_streamed_body_over_128_kib_without_content_length_gets_413(
     assert body["type"] == "urn:carillon:problem:payload-too-large"
 
 
-async def test_body_of_exactly_128_kib_is_read(memory_api: Api) -> None:
+async def test_body_of_exactly_the_limit_is_read(memory_api: Api) -> None:
     response = await memory_api.client.post(
         "/v1/schedules", content=b" " * BODY_BYTES_MAX, headers=memory_api.admin
     )
@@ -121,7 +121,9 @@ async def test_body_of_exactly_128_kib_is_read(memory_api: Api) -> None:
     assert_problem(response, 422, "invalid-field")
 
 
-async def test_batch_over_1_mib_gets_413_with_and_without_content_length(memory_api: Api) -> None:
+async def test_batch_over_its_limit_gets_413_with_and_without_content_length(
+    memory_api: Api,
+) -> None:
     response = await memory_api.client.post(
         "/v1/schedules:batch",
         content=b" " * (BATCH_BODY_BYTES_MAX + 1),
@@ -135,7 +137,7 @@ async def test_batch_over_1_mib_gets_413_with_and_without_content_length(memory_
     assert streamed_body["status"] == 413
 
 
-async def test_batch_between_128_kib_and_1_mib_is_read(memory_api: Api) -> None:
+async def test_batch_between_the_two_limits_is_read(memory_api: Api) -> None:
     response = await memory_api.client.post(
         "/v1/schedules:batch", content=b" " * (BODY_BYTES_MAX * 4), headers=memory_api.admin
     )
@@ -274,5 +276,6 @@ def _valid_body(endpoint: Endpoint) -> object:
         "BackfillIn": {"from": "2026-03-01T00:00:00Z", "to": "2026-03-01T01:00:00Z"},
         "TaskTypeSpec": {"kind": "noop"},
         "RegionFailoverSpec": {"to_region": "east"},
+        "ReplayFilter": {"all": True},
     }
     return bodies.get(getattr(endpoint.body, "__name__", ""), {})
