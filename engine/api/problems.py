@@ -111,12 +111,14 @@ def too_large(limit_bytes: int, advice: str = "") -> Problem:
     )
 
 
-def rate_limited(retry_after_s: int) -> Problem:
+def rate_limited(retry_after_s: int, limit: str = "this token's request rate") -> Problem:
+    """429: ``limit`` says whose rate ran out and what it is (a token's, or a client
+    address's before any valid token)."""
     return Problem(
         429,
         "rate-limited",
         "Too many requests",
-        f"this token's request rate is exhausted; retry in {retry_after_s} s",
+        f"{limit} is exhausted; retry in {retry_after_s} s",
         headers={"Retry-After": str(retry_after_s)},
     )
 
