@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Final
 
 from engine.api import problems
-from engine.api.endpoint import Call, Endpoint, QueryParam, Reply, check_instant
+from engine.api.endpoint import LIMIT, Call, Endpoint, QueryParam, Reply, check_instant
 from engine.api.schemas import REPLAY_FILTERS, ReasonIn, ReplayFilter, ReplayResult
 from engine.ledger.base import (
     PAGE_SIZE_MAX,
@@ -40,7 +40,7 @@ def _query(call: Call, status: ExecutionStatus | None) -> ExecutionsQuery:
         planned_to=call.query_instant("planned_to"),
         task_type=call.query_str("task_type"),
         cursor=call.query_str("cursor"),
-        limit=call.query_int("limit", 100, 1, PAGE_SIZE_MAX),
+        limit=call.query_int(LIMIT),
     )
 
 
@@ -134,7 +134,7 @@ _FILTERS: Final = (
     QueryParam("planned_from", "date-time", "planned at or after (RFC 3339)"),
     QueryParam("planned_to", "date-time", "planned before (RFC 3339)"),
     QueryParam("cursor", "string", "next_cursor of the previous page"),
-    QueryParam("limit", "integer", f"page size, 1..{PAGE_SIZE_MAX} (default 100)"),
+    LIMIT,
 )
 _STATUS: Final = QueryParam(
     "status", "string", "only executions in this status", tuple(s.value for s in ExecutionStatus)

@@ -9,23 +9,104 @@ model. The OpenAPI document (:mod:`engine.api.openapi`) is generated from these 
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Final
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
+from engine.core.cron import MAX_EXPRESSION_LENGTH
 from engine.core.dst import DstGap, DstOverlap
 from engine.ledger.base import BATCH_ROWS_MAX
 from engine.model import (
+    BACKOFF_S_MAX,
     CATCH_UP_WINDOW_S_DEFAULT,
+    CATCH_UP_WINDOW_S_MAX,
+    CONCURRENCY_MAX,
+    IDENTIFIER_LENGTH_MAX,
+    IDENTIFIER_PATTERN,
+    MAX_ATTEMPTS_MAX,
+    PAYLOAD_BYTES_MAX,
+    REASON_LENGTH_MAX,
+    SETTINGS_BYTES_MAX,
+    TASK_TIMEOUT_S_MAX,
+    TENANT_BURST_MAX,
+    TENANT_RATE_PER_S_MAX,
+    TENANT_SCHEDULES_MAX,
+    TENANT_WEIGHT_MAX,
     CatchUpPolicy,
     HandlerKind,
     OverlapPolicy,
 )
 
-REASON_MAX: Final = 1000
-Reason = Annotated[str, Meta(max_length=REASON_MAX)]
+# The constraints below are stated once: msgspec enforces them while decoding a body (a 422
+# naming the field) and writes them into the OpenAPI document, so a client generator or a
+# fuzzer sees exactly the bounds the server holds to. The engine's own validators
+# (engine.model) check the same bounds again for callers that are not the API.
+
+NO_NUL: Final = "^[^\\x00]*$"
+"""No string may hold a NUL character (PostgreSQL cannot store one)."""
+INSTANT_MIN: Final = datetime(1900, 1, 1, tzinfo=UTC)
+INSTANT_MAX: Final = datetime(9000, 1, 1, tzinfo=UTC)
+"""The instants a client may send, ``[INSTANT_MIN, INSTANT_MAX)``: far enough from years 1
+and 9999 that the date arithmetic of previews, forecasts and backfills cannot overflow."""
+INSTANT_YEARS: Final = "^(19[0-9]{2}|[2-8][0-9]{3})-"
+"""RFC 3339 text of a year in ``[1900, 9000)``: what the document states of every instant
+a client sends (the offset must be there too, and the instant in UTC in that range)."""
+INSTANT_RULE: Final = (
+    f"RFC 3339 with a UTC offset, from {INSTANT_MIN.year} up to (not including) {INSTANT_MAX.year}"
+)
+
+Identifier = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=IDENTIFIER_LENGTH_MAX,
+        pattern=IDENTIFIER_PATTERN,
+        description=f"1-{IDENTIFIER_LENGTH_MAX} letters, digits and . _ ~ -, starting with a "
+        "letter or digit",
+    ),
+]
+Reason = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=REASON_LENGTH_MAX,
+        pattern="^[^\\x00]*[^\\x00\\s][^\\x00]*$",
+        description=f"why, kept in the audit trail: up to {REASON_LENGTH_MAX} printable "
+        "characters (line breaks allowed), not all blank",
+    ),
+]
+ExecutionId = Annotated[
+    str,
+    Meta(
+        min_length=3,
+        pattern=IDENTIFIER_PATTERN.removesuffix("$") + ":",
+        description="the schedule id, a colon and the planned instant (RFC 3339 UTC)",
+    ),
+]
+REASON_MAX: Final = REASON_LENGTH_MAX
+Instant = Annotated[
+    datetime, Meta(extra_json_schema={"pattern": INSTANT_YEARS, "description": INSTANT_RULE})
+]
+CronExpr = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=MAX_EXPRESSION_LENGTH,
+        pattern=NO_NUL,
+        description="5 fields (or 6, seconds first), or a macro such as @daily; H hashes",
+    ),
+]
+Zone = Annotated[str, Meta(min_length=1, pattern=NO_NUL, description="an IANA time zone")]
+Payload = Annotated[
+    dict[str, Any],
+    Meta(description=f"any JSON object of at most {PAYLOAD_BYTES_MAX} bytes (compact UTF-8)"),
+]
+CatchUpWindow = Annotated[float, Meta(gt=0, le=CATCH_UP_WINDOW_S_MAX)]
+Seconds = Annotated[float, Meta(gt=0, le=TASK_TIMEOUT_S_MAX)]
+BackoffSeconds = Annotated[float, Meta(gt=0, le=BACKOFF_S_MAX)]
+Concurrency = Annotated[int, Meta(ge=1, le=CONCURRENCY_MAX)]
 
 
 class _In(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -35,17 +116,17 @@ class _In(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True)
 class ScheduleSpec(_In, frozen=True):
     """A schedule as a client writes it (``POST /v1/schedules``, ``PUT``, batches)."""
 
-    cron_expr: str
-    task_type: str
-    schedule_id: str | None = None
+    cron_expr: CronExpr
+    task_type: Identifier
+    schedule_id: Identifier | None = None
     """Set by the client (``PUT`` takes it from the path); ``POST`` generates one if absent."""
-    tenant_id: str | None = None
+    tenant_id: Identifier | None = None
     """Defaults to the token's tenant; an admin token must name one (else ``default``)."""
-    timezone: str = "UTC"
-    payload: dict[str, Any] = msgspec.field(default_factory=dict)
+    timezone: Zone = "UTC"
+    payload: Payload = msgspec.field(default_factory=dict)
     enabled: bool = True
     catch_up: CatchUpPolicy = CatchUpPolicy.LATEST
-    catch_up_window_s: float = CATCH_UP_WINDOW_S_DEFAULT
+    catch_up_window_s: CatchUpWindow = CATCH_UP_WINDOW_S_DEFAULT
     dst_gap: DstGap = DstGap.AUTO
     dst_overlap: DstOverlap = DstOverlap.AUTO
     overlap: OverlapPolicy | None = None
@@ -54,13 +135,13 @@ class ScheduleSpec(_In, frozen=True):
 class SchedulePatch(_In, frozen=True):
     """The fields to change (``PATCH``); those left out keep their values."""
 
-    cron_expr: str | UnsetType = UNSET
-    task_type: str | UnsetType = UNSET
-    timezone: str | UnsetType = UNSET
-    payload: dict[str, Any] | UnsetType = UNSET
+    cron_expr: CronExpr | UnsetType = UNSET
+    task_type: Identifier | UnsetType = UNSET
+    timezone: Zone | UnsetType = UNSET
+    payload: Payload | UnsetType = UNSET
     enabled: bool | UnsetType = UNSET
     catch_up: CatchUpPolicy | UnsetType = UNSET
-    catch_up_window_s: float | UnsetType = UNSET
+    catch_up_window_s: CatchUpWindow | UnsetType = UNSET
     dst_gap: DstGap | UnsetType = UNSET
     dst_overlap: DstOverlap | UnsetType = UNSET
     overlap: OverlapPolicy | UnsetType | None = UNSET
@@ -82,8 +163,8 @@ class ReasonIn(_In, frozen=True):
 
 
 class BackfillIn(_In, frozen=True, rename={"from_": "from"}):
-    from_: datetime
-    to: datetime
+    from_: Instant
+    to: Instant
     """Exclusive."""
     reason: Reason | None = None
 
@@ -116,11 +197,11 @@ class ReplayFilter(_In, frozen=True):
     all: bool = False
     """Replay without naming a schedule, tenant or task type: every dead letter of the
     cluster (a tenant token: of its own tenant). Required when no such filter is given."""
-    schedule_id: str | None = None
-    tenant_id: str | None = None
-    task_type: str | None = None
-    planned_from: datetime | None = None
-    planned_to: datetime | None = None
+    schedule_id: Identifier | None = None
+    tenant_id: Identifier | None = None
+    task_type: Identifier | None = None
+    planned_from: Instant | None = None
+    planned_to: Instant | None = None
     limit: Annotated[int, Meta(ge=1, le=BATCH_ROWS_MAX)] = 1000
     reason: Reason | None = None
 
@@ -137,24 +218,27 @@ class TaskTypeSpec(_In, frozen=True):
     """A task type as written by ``PUT /v1/task-types/{name}``."""
 
     kind: HandlerKind
-    settings: dict[str, Any] = msgspec.field(default_factory=dict)
-    timeout_s: float = 30.0
-    max_concurrency: int | None = None
-    max_concurrency_cluster: int | None = None
-    max_attempts: int = 5
-    backoff_base_s: float = 1.0
-    backoff_max_s: float = 60.0
+    settings: Annotated[
+        dict[str, Any],
+        Meta(description=f"the handler's, at most {SETTINGS_BYTES_MAX} bytes of JSON"),
+    ] = msgspec.field(default_factory=dict)
+    timeout_s: Seconds = 30.0
+    max_concurrency: Concurrency | None = None
+    max_concurrency_cluster: Concurrency | None = None
+    max_attempts: Annotated[int, Meta(ge=1, le=MAX_ATTEMPTS_MAX)] = 5
+    backoff_base_s: BackoffSeconds = 1.0
+    backoff_max_s: BackoffSeconds = 60.0
     overlap: OverlapPolicy | None = None
 
 
 class TenantSpec(_In, frozen=True):
     """A tenant's settings as written by ``PUT /v1/tenants/{id}``."""
 
-    weight: int = 1
-    concurrency_quota: int | None = None
-    rate_per_s: float | None = None
-    burst: int | None = None
-    schedules_max: int | None = None
+    weight: Annotated[int, Meta(ge=1, le=TENANT_WEIGHT_MAX)] = 1
+    concurrency_quota: Concurrency | None = None
+    rate_per_s: Annotated[float, Meta(gt=0, le=TENANT_RATE_PER_S_MAX)] | None = None
+    burst: Annotated[int, Meta(ge=1, le=TENANT_BURST_MAX)] | None = None
+    schedules_max: Annotated[int, Meta(ge=1, le=TENANT_SCHEDULES_MAX)] | None = None
 
 
 class TenantView(msgspec.Struct, frozen=True):
@@ -203,8 +287,8 @@ class NodeView(msgspec.Struct, frozen=True):
 class RegionFailoverSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``POST /v1/region:failover``: make ``to_region`` active (see docs/multi-region.md)."""
 
-    to_region: str
-    reason: str | None = None
+    to_region: Identifier
+    reason: Reason | None = None
 
 
 class RegionView(msgspec.Struct, frozen=True):

@@ -170,22 +170,28 @@ async def test_unknown_route_gets_404_problem_with_or_without_a_token(
 
 
 @pytest.mark.parametrize(
-    ("method", "path"),
+    ("method", "path", "allowed"),
     [
-        ("DELETE", "/v1/schedules"),
-        ("PUT", "/v1/schedules"),
-        ("GET", "/v1/schedules:batch"),
-        ("POST", "/v1/executions"),
-        ("DELETE", "/v1/cluster"),
-        ("POST", "/healthz"),
-        ("OPTIONS", "/v1/schedules"),
-        ("PATCH", "/v1/task-types/noop"),
+        ("DELETE", "/v1/schedules", "GET, HEAD, POST"),
+        ("PUT", "/v1/schedules", "GET, HEAD, POST"),
+        ("GET", "/v1/schedules:batch", "POST"),
+        ("POST", "/v1/executions", "GET, HEAD"),
+        ("DELETE", "/v1/cluster", "GET, HEAD"),
+        ("POST", "/healthz", "GET, HEAD"),
+        ("OPTIONS", "/v1/schedules", "GET, HEAD, POST"),
+        ("PATCH", "/v1/task-types/noop", "DELETE, GET, HEAD, PUT"),
+        ("POST", "/v1/schedules/s1", "DELETE, GET, HEAD, PATCH, PUT"),
     ],
 )
-async def test_wrong_method_gets_405_problem(memory_api: Api, method: str, path: str) -> None:
+async def test_wrong_method_gets_405_problem_with_an_allow_header(
+    memory_api: Api, method: str, path: str, allowed: str
+) -> None:
+    """RFC 9110: a 405 lists every method the resource supports, whichever route of the
+    path the router tried first."""
     response = await memory_api.client.request(method, path, headers=memory_api.admin)
     body = assert_problem(response, 405, "method-not-allowed")
     assert method in body["detail"]
+    assert response.headers["allow"] == allowed
 
 
 async def test_head_is_served_like_get_without_a_body(memory_api: Api) -> None:
