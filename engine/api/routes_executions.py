@@ -18,7 +18,7 @@ from engine.ledger.base import (
     ExecutionsQuery,
     Page,
 )
-from engine.model import Execution, ExecutionStatus
+from engine.model import Execution, ExecutionStatus, validate_identifier
 
 
 def _tenant_filter(call: Call) -> str | None:
@@ -91,6 +91,9 @@ async def replay_matching(call: Call) -> Reply:
             "name the dead letters to replay: give schedule_id, tenant_id or task_type, or "
             'send "all": true to replay every one (a tenant token: every one of its tenant)'
         )
+    for name in REPLAY_FILTERS:
+        if (value := getattr(body, name)) is not None:
+            validate_identifier(value, kind=name)
     for name, value in (("planned_from", body.planned_from), ("planned_to", body.planned_to)):
         if value is not None:
             check_instant(value, name)

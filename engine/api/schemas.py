@@ -39,13 +39,27 @@ from engine.model import (
     OverlapPolicy,
 )
 
-# The constraints below are stated once: msgspec enforces them while decoding a body (a 422
-# naming the field) and writes them into the OpenAPI document, so a client generator or a
-# fuzzer sees exactly the bounds the server holds to. The engine's own validators
-# (engine.model) check the same bounds again for callers that are not the API.
+# Every constraint the server enforces on a request is stated here, on the type it is
+# decoded with, so the OpenAPI document (generated from these types) shows a client generator
+# or a fuzzer exactly the bounds the server holds to; tests/api/test_constraints.py tries a
+# value at each stated bound and one just past it. Two kinds:
+#
+# * ``Meta`` constraints msgspec enforces while decoding (a 422 naming the field): where
+#   the API is the only check (reasons, page sizes, batch sizes).
+# * ``_stated`` ones, for the document only, where an engine validator (engine.model,
+#   engine.core.cron) enforces the same constant with a message that says how to fix it,
+#   for the API and the CLI alike: ids, cron expressions, the catch-up window, task types'
+#   and tenants' numbers. A batch then names every invalid item, not only the first.
+
+
+def _stated(**schema: Any) -> Meta:
+    """Constraints for the document that an engine validator enforces (same constants)."""
+    return Meta(extra_json_schema=schema)
+
 
 NO_NUL: Final = "^[^\\x00]*$"
-"""No string may hold a NUL character (PostgreSQL cannot store one)."""
+"""No string may hold a NUL character (PostgreSQL cannot store one; the API refuses a body
+with ``\\u0000`` anywhere in it)."""
 INSTANT_MIN: Final = datetime(1900, 1, 1, tzinfo=UTC)
 INSTANT_MAX: Final = datetime(9000, 1, 1, tzinfo=UTC)
 """The instants a client may send, ``[INSTANT_MIN, INSTANT_MAX)``: far enough from years 1
@@ -59,14 +73,15 @@ INSTANT_RULE: Final = (
 
 Identifier = Annotated[
     str,
-    Meta(
-        min_length=1,
-        max_length=IDENTIFIER_LENGTH_MAX,
+    _stated(
+        minLength=1,
+        maxLength=IDENTIFIER_LENGTH_MAX,
         pattern=IDENTIFIER_PATTERN,
         description=f"1-{IDENTIFIER_LENGTH_MAX} letters, digits and . _ ~ -, starting with a "
         "letter or digit",
     ),
 ]
+"""Enforced by :func:`engine.model.validate_identifier`."""
 Reason = Annotated[
     str,
     Meta(
@@ -77,36 +92,40 @@ Reason = Annotated[
         "characters (line breaks allowed), not all blank",
     ),
 ]
+REASON_MAX: Final = REASON_LENGTH_MAX
 ExecutionId = Annotated[
     str,
-    Meta(
-        min_length=3,
+    _stated(
+        minLength=3,
         pattern=IDENTIFIER_PATTERN.removesuffix("$") + ":",
         description="the schedule id, a colon and the planned instant (RFC 3339 UTC)",
     ),
 ]
-REASON_MAX: Final = REASON_LENGTH_MAX
-Instant = Annotated[
-    datetime, Meta(extra_json_schema={"pattern": INSTANT_YEARS, "description": INSTANT_RULE})
-]
+Instant = Annotated[datetime, _stated(pattern=INSTANT_YEARS, description=INSTANT_RULE)]
+"""Enforced by :func:`engine.api.endpoint.check_instant`."""
 CronExpr = Annotated[
     str,
-    Meta(
-        min_length=1,
-        max_length=MAX_EXPRESSION_LENGTH,
+    _stated(
+        minLength=1,
+        maxLength=MAX_EXPRESSION_LENGTH,
         pattern=NO_NUL,
-        description="5 fields (or 6, seconds first), or a macro such as @daily; H hashes",
+        description="5 fields (or 6, seconds first), or a macro such as @daily; H hashes; "
+        f"at most {MAX_EXPRESSION_LENGTH} characters once runs of spaces are one",
     ),
 ]
-Zone = Annotated[str, Meta(min_length=1, pattern=NO_NUL, description="an IANA time zone")]
+Zone = Annotated[str, _stated(minLength=1, pattern=NO_NUL, description="an IANA time zone")]
 Payload = Annotated[
     dict[str, Any],
-    Meta(description=f"any JSON object of at most {PAYLOAD_BYTES_MAX} bytes (compact UTF-8)"),
+    _stated(description=f"any JSON object of at most {PAYLOAD_BYTES_MAX} bytes (compact UTF-8)"),
 ]
-CatchUpWindow = Annotated[float, Meta(gt=0, le=CATCH_UP_WINDOW_S_MAX)]
-Seconds = Annotated[float, Meta(gt=0, le=TASK_TIMEOUT_S_MAX)]
-BackoffSeconds = Annotated[float, Meta(gt=0, le=BACKOFF_S_MAX)]
-Concurrency = Annotated[int, Meta(ge=1, le=CONCURRENCY_MAX)]
+CatchUpWindow = Annotated[float, _stated(exclusiveMinimum=0, maximum=CATCH_UP_WINDOW_S_MAX)]
+Seconds = Annotated[float, _stated(exclusiveMinimum=0, maximum=TASK_TIMEOUT_S_MAX)]
+BackoffSeconds = Annotated[float, _stated(exclusiveMinimum=0, maximum=BACKOFF_S_MAX)]
+Concurrency = Annotated[int, _stated(minimum=1, maximum=CONCURRENCY_MAX)]
+
+
+def _count(maximum: int) -> Meta:
+    return _stated(minimum=1, maximum=maximum)
 
 
 class _In(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -220,12 +239,12 @@ class TaskTypeSpec(_In, frozen=True):
     kind: HandlerKind
     settings: Annotated[
         dict[str, Any],
-        Meta(description=f"the handler's, at most {SETTINGS_BYTES_MAX} bytes of JSON"),
+        _stated(description=f"the handler's, at most {SETTINGS_BYTES_MAX} bytes of JSON"),
     ] = msgspec.field(default_factory=dict)
     timeout_s: Seconds = 30.0
     max_concurrency: Concurrency | None = None
     max_concurrency_cluster: Concurrency | None = None
-    max_attempts: Annotated[int, Meta(ge=1, le=MAX_ATTEMPTS_MAX)] = 5
+    max_attempts: Annotated[int, _count(MAX_ATTEMPTS_MAX)] = 5
     backoff_base_s: BackoffSeconds = 1.0
     backoff_max_s: BackoffSeconds = 60.0
     overlap: OverlapPolicy | None = None
@@ -234,11 +253,13 @@ class TaskTypeSpec(_In, frozen=True):
 class TenantSpec(_In, frozen=True):
     """A tenant's settings as written by ``PUT /v1/tenants/{id}``."""
 
-    weight: Annotated[int, Meta(ge=1, le=TENANT_WEIGHT_MAX)] = 1
+    weight: Annotated[int, _count(TENANT_WEIGHT_MAX)] = 1
     concurrency_quota: Concurrency | None = None
-    rate_per_s: Annotated[float, Meta(gt=0, le=TENANT_RATE_PER_S_MAX)] | None = None
-    burst: Annotated[int, Meta(ge=1, le=TENANT_BURST_MAX)] | None = None
-    schedules_max: Annotated[int, Meta(ge=1, le=TENANT_SCHEDULES_MAX)] | None = None
+    rate_per_s: (
+        Annotated[float, _stated(exclusiveMinimum=0, maximum=TENANT_RATE_PER_S_MAX)] | None
+    ) = None
+    burst: Annotated[int, _count(TENANT_BURST_MAX)] | None = None
+    schedules_max: Annotated[int, _count(TENANT_SCHEDULES_MAX)] | None = None
 
 
 class TenantView(msgspec.Struct, frozen=True):
