@@ -10,6 +10,7 @@ document that promised more (or less) than the server holds to fails here.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -234,3 +235,8 @@ def test_every_constraint_of_the_document_is_tried() -> None:
     assert {"minLength", "maxLength", "pattern", "minimum", "maximum", "exclusiveMinimum"} <= kinds
     assert {"lower", "upper", "minItems", "maxItems"} <= kinds
     assert sum(case.accept for case in CASES) > 40
+
+
+def test_the_instant_pattern_admits_exactly_the_years_the_server_does() -> None:
+    admitted = [y for y in range(10_000) if re.match(INSTANT_YEARS, f"{y:04d}-06-01T00:00:00Z")]
+    assert admitted == list(range(INSTANT_MIN.year, INSTANT_MAX.year))
