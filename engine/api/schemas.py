@@ -37,6 +37,7 @@ from engine.model import (
     CatchUpPolicy,
     HandlerKind,
     OverlapPolicy,
+    validate_reason,
 )
 
 # Every constraint the server enforces on a request is stated here, on the type it is
@@ -45,11 +46,12 @@ from engine.model import (
 # value at each stated bound and one just past it. Two kinds:
 #
 # * ``Meta`` constraints msgspec enforces while decoding (a 422 naming the field): where
-#   the API is the only check (reasons, page sizes, batch sizes).
+#   the API is the only check (page sizes, batch sizes).
 # * ``_stated`` ones, for the document only, where an engine validator (engine.model,
 #   engine.core.cron) enforces the same constant with a message that says how to fix it,
 #   for the API and the CLI alike: ids, cron expressions, the catch-up window, task types'
-#   and tenants' numbers. A batch then names every invalid item, not only the first.
+#   and tenants' numbers, reasons. A batch then names every invalid item, not only the
+#   first.
 
 
 def _stated(**schema: Any) -> Meta:
@@ -84,14 +86,16 @@ Identifier = Annotated[
 """Enforced by :func:`engine.model.validate_identifier`."""
 Reason = Annotated[
     str,
-    Meta(
-        min_length=1,
-        max_length=REASON_LENGTH_MAX,
+    _stated(
+        minLength=1,
+        maxLength=REASON_LENGTH_MAX,
         pattern="^[^\\x00]*[^\\x00\\s][^\\x00]*$",
         description=f"why, kept in the audit trail: up to {REASON_LENGTH_MAX} printable "
         "characters (line breaks allowed), not all blank",
     ),
 ]
+"""Enforced by :func:`engine.model.validate_reason` as the body is decoded (each struct
+carrying one checks it in ``__post_init__``), so every route refuses a bad reason alike."""
 REASON_MAX: Final = REASON_LENGTH_MAX
 ExecutionId = Annotated[
     str,
@@ -180,12 +184,18 @@ class ReasonIn(_In, frozen=True):
 
     reason: Reason | None = None
 
+    def __post_init__(self) -> None:
+        validate_reason(self.reason)
+
 
 class BackfillIn(_In, frozen=True, rename={"from_": "from"}):
     from_: Instant
     to: Instant
     """Exclusive."""
     reason: Reason | None = None
+
+    def __post_init__(self) -> None:
+        validate_reason(self.reason)
 
 
 class BackfillResult(msgspec.Struct, frozen=True):
@@ -223,6 +233,9 @@ class ReplayFilter(_In, frozen=True):
     planned_to: Instant | None = None
     limit: Annotated[int, Meta(ge=1, le=BATCH_ROWS_MAX)] = 1000
     reason: Reason | None = None
+
+    def __post_init__(self) -> None:
+        validate_reason(self.reason)
 
 
 REPLAY_FILTERS: Final = ("schedule_id", "tenant_id", "task_type")
@@ -310,6 +323,9 @@ class RegionFailoverSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True
 
     to_region: Identifier
     reason: Reason | None = None
+
+    def __post_init__(self) -> None:
+        validate_reason(self.reason)
 
 
 class RegionView(msgspec.Struct, frozen=True):

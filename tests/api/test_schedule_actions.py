@@ -381,3 +381,19 @@ async def test_preview_with_a_bad_query_gets_422(memory_api: Api, query: str) ->
         f"/v1/schedules/previewed/preview?{query}", headers=memory_api.admin
     )
     assert_problem(response, 422, "invalid-field")
+
+
+@pytest.mark.parametrize(
+    ("reason", "says"),
+    [("   ", "must not be blank"), ("x" * 1001, "at most 1000"), ("bell\u0007", "printable")],
+)
+@pytest.mark.parametrize("action", ["pause", "resume", "trigger"])
+async def test_a_bad_reason_is_refused_alike_on_every_action_saying_how_to_fix_it(
+    memory_api: Api, action: str, reason: str, says: str
+) -> None:
+    await memory_api.create_schedule("reasoned")
+    response = await memory_api.client.post(
+        f"/v1/schedules/reasoned:{action}", json={"reason": reason}, headers=memory_api.admin
+    )
+    problem = assert_problem(response, 422, "invalid-field")
+    assert says in problem["detail"]
