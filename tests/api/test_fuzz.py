@@ -221,9 +221,11 @@ def request_strategy(
     )
 
 
-def check(response: httpx.Response, what: str, documented: set[str]) -> None:
+def check(response: httpx.Response, what: str, documented: set[str] | None) -> None:
+    """No 5xx; a status the operation documents (``None``: the request left the operation,
+    a path parameter holding a ``/``); every 4xx a problem document."""
     assert response.status_code < 500, f"{what} -> {response.status_code} {response.text}"
-    assert str(response.status_code) in documented, (
+    assert documented is None or str(response.status_code) in documented, (
         f"{what} -> {response.status_code}, which the document does not list: {response.text}"
     )
     if response.status_code >= 400:
@@ -243,9 +245,16 @@ async def fuzz(api: Api, examples: int) -> None:
     tokens = {"admin": api.admin, **{tenant: api.tenant(tenant) for tenant in TENANTS}}
 
     async def send(
-        method: str, url: str, params: dict[str, str], body: bytes, documented: set[str]
+        method: str,
+        url: str,
+        params: dict[str, str],
+        body: bytes,
+        documented: set[str] | None,
+        template: str,
     ) -> None:
         sent = unquote(url) + json.dumps(params) + body.decode(errors="replace")
+        if unquote(url).count("/") != template.count("/"):  # another path: the router's
+            documented = None  # (e.g. its 307 to the path without a trailing slash)
         for who, headers in tokens.items():
             response = await api.client.request(
                 method,
@@ -264,7 +273,12 @@ async def fuzz(api: Api, examples: int) -> None:
             strategy = request_strategy(path, operation, document, hints)
             documented = set(operation["responses"])
             await trio.to_thread.run_sync(
-                runner(method.upper(), strategy, partial(send, documented=documented), examples)
+                runner(
+                    method.upper(),
+                    strategy,
+                    partial(send, documented=documented, template=path),
+                    examples,
+                )
             )
 
 
