@@ -58,7 +58,10 @@ SCOPE_ADMIN: Final = "admin"
 SCOPE_TENANT_PREFIX: Final = "tenant:"
 """``tenant:<tenant id>``: the scope of an API token confined to one tenant."""
 
-_IDENTIFIER: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._~-]*$")
+IDENTIFIER_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._~-]*$"
+"""What an identifier looks like (as the OpenAPI document states it); matched whole, so
+a trailing line break does not slip past ``$``."""
+_IDENTIFIER: Final = re.compile(IDENTIFIER_PATTERN)
 _LINE_BREAKS_AND_TABS: Final = str.maketrans("", "", "\r\n\t")
 
 
@@ -347,7 +350,7 @@ def validate_identifier(value: str, *, kind: str) -> str:
 
     Colons are excluded so an execution id splits unambiguously at its first colon.
     """
-    if not 1 <= len(value) <= IDENTIFIER_LENGTH_MAX or not _IDENTIFIER.match(value):
+    if not 1 <= len(value) <= IDENTIFIER_LENGTH_MAX or not _IDENTIFIER.fullmatch(value):
         raise InvalidField(
             f"{kind} {value!r} is invalid: use 1-{IDENTIFIER_LENGTH_MAX} characters from "
             "letters, digits and . _ ~ -, starting with a letter or digit"

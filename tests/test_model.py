@@ -33,7 +33,9 @@ def test_execution_id_round_trips() -> None:
     assert parse_execution_id(execution_id("a.b-c_d~e", planned)) == ("a.b-c_d~e", planned)
 
 
-@pytest.mark.parametrize("bad", ["", "has:colon", "has space", "-leading", "x" * 129, "ü"])
+@pytest.mark.parametrize(
+    "bad", ["", "has:colon", "has space", "-leading", "x" * 129, "ü", "trailing\n", "x\n" * 60]
+)
 def test_identifiers_are_refused_when_malformed(bad: str) -> None:
     with pytest.raises(InvalidField, match="is invalid"):
         validate_identifier(bad, kind="schedule id")

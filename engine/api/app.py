@@ -20,6 +20,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Match, Route
 
 from engine.api import console, problems, routes_admin, routes_executions, routes_schedules
 from engine.api.auth import Authenticator
@@ -127,6 +128,7 @@ OPEN_ENDPOINTS: Final = (
         "Ready for traffic: database reachable, schema current, not shutting down",
         access=Access.OPEN,
         response=Health,
+        also=((503, "not ready: the failing check is named"),),
         tag="operations",
     ),
     Endpoint(
@@ -161,7 +163,8 @@ def endpoints() -> tuple[Endpoint, ...]:
 def create_app(context: ApiContext) -> Starlette:
     from engine.api.openapi import openapi_document
 
-    context.openapi = msgspec.json.encode(openapi_document(endpoints()))
+    document = openapi_document(endpoints(), metrics_protected=context.metrics_protected)
+    context.openapi = msgspec.json.encode(document)
     return Starlette(
         routes=[
             *(asgi_route(endpoint, context) for endpoint in endpoints()),
@@ -174,14 +177,29 @@ def create_app(context: ApiContext) -> Starlette:
 async def _http_exception(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     if status == 405:
+        inner = exc.headers if isinstance(exc, HTTPException) else None  # the console's
+        allowed = _allowed_methods(request) or (inner or {}).get("Allow", "")
         problem = problems.Problem(
             405,
             "method-not-allowed",
             "Method not allowed",
-            f"{request.method} is not allowed on {request.url.path}",
+            f"{request.method} is not allowed on {request.url.path}; it allows {allowed}",
+            headers={"Allow": allowed},
         )
     elif status == 404:
         problem = problems.not_found(f"no route {request.url.path}; see /openapi.json")
     else:
         problem = problems.Problem(status, "http-error", "HTTP error", str(exc))
     return problem_response(problem, request.url.path)
+
+
+def _allowed_methods(request: Request) -> str:
+    """Every method some route serves on the request's path (RFC 9110's ``Allow``). Each
+    endpoint is a route of its own, so the one the router tried knows only its own method."""
+    methods: set[str] = set()
+    scope = {**request.scope, "method": "GET"}
+    routes = request.app.routes if isinstance(request.app, Starlette) else []
+    for route in routes:
+        if isinstance(route, Route) and route.matches(scope)[0] is not Match.NONE:
+            methods |= route.methods or set()
+    return ", ".join(sorted(methods))

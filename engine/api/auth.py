@@ -134,10 +134,14 @@ class RateLimiter:
     """One token bucket per key (token id or client address), the least recently used
     forgotten beyond :data:`RATE_BUCKETS_MAX` (a forgotten key starts with a full bucket)."""
 
-    def __init__(self, rate_per_s: float, burst: int, monotonic: Callable[[], float]) -> None:
+    def __init__(
+        self, rate_per_s: float, burst: int, monotonic: Callable[[], float], *, whose: str
+    ) -> None:
         self._rate_per_s = rate_per_s
         self._burst = burst
         self._monotonic = monotonic
+        self._limit = f"{whose} {rate_per_s:g}/s with a burst of {burst}; that rate"
+        """What a 429 says of this limit."""
         self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
         self.refused = 0
 
@@ -153,7 +157,7 @@ class RateLimiter:
         now_s = self._monotonic()
         if not bucket.take(now_s):
             self.refused += 1
-            raise rate_limited(max(1, int(bucket.wait_s(now_s) + 0.999)))
+            raise rate_limited(max(1, int(bucket.wait_s(now_s) + 0.999)), self._limit)
 
 
 class Authenticator:
@@ -179,8 +183,15 @@ class Authenticator:
         """Hashes of sessions found valid (kept after expiry: seen valid)."""
         self._session_misses = _Lookups[ConsoleSession | None](SESSION_MISSES_CACHED)
         """Hashes of sessions found unknown or ended."""
-        self.token_rates = RateLimiter(token_rate_per_s, token_burst, monotonic)
-        self.anonymous_rates = RateLimiter(anonymous_rate_per_s, anonymous_burst, monotonic)
+        self.token_rates = RateLimiter(
+            token_rate_per_s, token_burst, monotonic, whose="this token's requests are limited to"
+        )
+        self.anonymous_rates = RateLimiter(
+            anonymous_rate_per_s,
+            anonymous_burst,
+            monotonic,
+            whose="requests without a valid token are limited per client address to",
+        )
 
     async def authenticate(self, authorization: str | None, client: str) -> Principal:
         """The caller, rate-limited; 401 for a missing, malformed, unknown or revoked token;

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final, Protocol, TypeVar
 
 import msgspec
@@ -28,20 +28,22 @@ from engine.api import problems
 from engine.api.auth import Authenticator, Principal
 from engine.api.problems import Problem
 from engine.api.schedule_input import NUL_ESCAPE
+from engine.api.schemas import INSTANT_MAX, INSTANT_MIN
 from engine.core.instants import parse_instant
 from engine.errors import CarillonError, ValidationError
-from engine.ledger.base import Ledger
+from engine.ledger.base import PAGE_SIZE_MAX, Ledger
 
 log = logging.getLogger("carillon.api")
 
-BODY_BYTES_MAX: Final = 128 * 1024
-"""Default body limit: one schedule with a full 64 KiB payload fits with room to spare."""
-BATCH_BODY_BYTES_MAX: Final = 1024 * 1024
+BODY_BYTES_MAX: Final = 256 * 1024
+"""Default body limit. One schedule with a full payload (64 KiB of compact UTF-8 JSON) fits
+however its client escapes it: ``\\u`` escapes of non-ASCII text (Python's ``json.dumps``)
+take at most three times the bytes, 192 KiB."""
+BATCH_BODY_BYTES_MAX: Final = 8 * 1024 * 1024
+"""The batch route's limit: a full batch (10,000 schedules) may average 838 bytes each -- a
+schedule with every field set and a few hundred bytes of payload. Batches of larger
+schedules are split by the client; the 413 says so."""
 JSON: Final = "application/json"
-INSTANT_MIN: Final = datetime(1900, 1, 1, tzinfo=UTC)
-INSTANT_MAX: Final = datetime(9000, 1, 1, tzinfo=UTC)
-"""The instants a client may send: far enough from years 1 and 9999 that the date arithmetic
-of previews, forecasts and backfills cannot overflow."""
 _NUL: Final = "\x00"
 E = TypeVar("E", bound=enum.Enum)
 
@@ -63,6 +65,11 @@ class QueryParam:
     """OpenAPI type: ``string``, ``integer``, ``date-time`` or ``boolean``."""
     description: str
     enum: tuple[str, ...] = ()
+    minimum: int | None = None
+    """An integer's bounds and default: :meth:`Call.query_int` holds to them, and the
+    OpenAPI document states them."""
+    maximum: int | None = None
+    default: int | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,18 @@ class Reply:
     value: Any
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
+
+
+PAGE_SIZE_DEFAULT: Final = 100
+LIMIT: Final = QueryParam(
+    "limit",
+    "integer",
+    f"page size, 1..{PAGE_SIZE_MAX} (default {PAGE_SIZE_DEFAULT})",
+    minimum=1,
+    maximum=PAGE_SIZE_MAX,
+    default=PAGE_SIZE_DEFAULT,
+)
+"""The page size of every listing."""
 
 
 @dataclass
@@ -110,10 +129,14 @@ class Call:
             raise problems.invalid(f"query parameter {name!r} must not contain NUL characters")
         return value
 
-    def query_int(self, name: str, default: int, low: int, high: int) -> int:
+    def query_int(self, param: QueryParam) -> int:
+        """The integer parameter, within the bounds ``param`` declares; 422 otherwise."""
+        name, low, high = param.name, param.minimum, param.maximum
+        if param.default is None or low is None or high is None:  # pragma: no cover - a bug
+            raise RuntimeError(f"query parameter {name!r} declares no default or bounds")
         text = self.request.query_params.get(name)
         if text is None:
-            return default
+            return param.default
         try:
             value = int(text)
         except ValueError:
@@ -173,7 +196,14 @@ class Endpoint:
     response: Any = None
     """The response body's type, for the OpenAPI document (``None``: no body)."""
     status: int = 200
+    also: tuple[tuple[int, str], ...] = ()
+    """Other statuses the handler answers with the same body type, and when (``PUT`` answers
+    201 when it created, 200 when it replaced)."""
+    conditional: bool = False
+    """The handler honours ``If-Match`` (400 when malformed, 412 when it does not match)."""
     body_bytes_max: int = BODY_BYTES_MAX
+    too_large: str = ""
+    """What the 413 adds to its detail (how to stay under the limit)."""
     query: tuple[QueryParam, ...] = ()
     tag: str = "schedules"
 
@@ -250,7 +280,7 @@ async def _read_body(endpoint: Endpoint, request: Request) -> Any:
     if declared is not None:
         try:
             if int(declared) > limit:
-                raise problems.too_large(limit)
+                raise problems.too_large(limit, endpoint.too_large)
         except ValueError:
             raise problems.bad_request("the Content-Length header is not a number") from None
     chunks: list[bytes] = []
@@ -260,7 +290,7 @@ async def _read_body(endpoint: Endpoint, request: Request) -> Any:
         async for chunk in stream:
             size += len(chunk)
             if size > limit:
-                raise problems.too_large(limit)
+                raise problems.too_large(limit, endpoint.too_large)
             chunks.append(chunk)
     raw = b"".join(chunks)
     if not raw.strip():

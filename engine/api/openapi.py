@@ -17,30 +17,48 @@ import msgspec.inspect
 from engine import __version__
 from engine.api.endpoint import Access, Endpoint
 from engine.api.problems import PROBLEM_CONTENT_TYPE, ProblemBody
+from engine.api.schemas import INSTANT_RULE, INSTANT_YEARS, NO_NUL, ExecutionId, Identifier
 
 _PATH_PARAM: Final = re.compile(r"{([a-z_]+)}")
 _REF: Final = "#/components/schemas/{name}"
+_INSTANT: Final = {
+    "type": "string",
+    "format": "date-time",
+    "pattern": INSTANT_YEARS,
+    "description": INSTANT_RULE,
+}
 _QUERY_TYPES: Final = {
-    "string": {"type": "string"},
+    "string": {"type": "string", "pattern": NO_NUL},
     "integer": {"type": "integer"},
     "boolean": {"type": "boolean"},
-    "date-time": {"type": "string", "format": "date-time"},
+    "date-time": _INSTANT,
+}
+_PATH_TYPES: Final = {
+    "schedule_id": Identifier,
+    "tenant_id": Identifier,
+    "name": Identifier,
+    "execution_id": ExecutionId,
 }
 _ERRORS: Final = {
-    "400": "malformed request",
-    "401": "missing, unknown or revoked token",
-    "403": "the token's scope does not allow this",
-    "404": "no such record (or another tenant's)",
-    "409": "conflicts with the current state",
-    "412": "the version in If-Match is not the current one",
-    "413": "the body is over the route's limit",
-    "422": "a field is invalid",
-    "429": "rate limited; see Retry-After",
-    "503": "the database is unreachable; retry shortly",
+    400: "malformed request",
+    401: "missing, unknown or revoked token",
+    403: "the token's scope does not allow this",
+    404: "no such record (or another tenant's)",
+    409: "conflicts with the current state",
+    412: "the version in If-Match is not the current one",
+    413: "the body is over the route's limit",
+    422: "a field is invalid",
+    429: "rate limited: this token's rate, or (before a valid token) the client address's; "
+    "see Retry-After",
+    503: "the database is unreachable; retry shortly",
 }
 
 
-def openapi_document(endpoints: tuple[Endpoint, ...]) -> dict[str, Any]:
+def openapi_document(
+    endpoints: tuple[Endpoint, ...], *, metrics_protected: bool = False
+) -> dict[str, Any]:
+    """The document of ``endpoints``; ``metrics_protected``: whether this node asks an admin
+    token for ``/metrics`` (its security is stated as configured)."""
     types: list[Any] = [ProblemBody]
     for endpoint in endpoints:
         types.extend(t for t in (endpoint.body, endpoint.response) if t is not None)
@@ -49,7 +67,9 @@ def openapi_document(endpoints: tuple[Endpoint, ...]) -> dict[str, Any]:
     by_type = dict(zip(types, schemas, strict=True))
     paths: dict[str, dict[str, Any]] = {}
     for endpoint in endpoints:
-        paths.setdefault(endpoint.path, {})[endpoint.method.lower()] = _operation(endpoint, by_type)
+        paths.setdefault(endpoint.path, {})[endpoint.method.lower()] = _operation(
+            endpoint, by_type, guarded=guarded(endpoint, metrics_protected=metrics_protected)
+        )
     return {
         "openapi": "3.1.0",
         "info": {
@@ -65,44 +85,89 @@ def openapi_document(endpoints: tuple[Endpoint, ...]) -> dict[str, Any]:
     }
 
 
-def _operation(endpoint: Endpoint, by_type: dict[Any, Any]) -> dict[str, Any]:
+def guarded(endpoint: Endpoint, *, metrics_protected: bool) -> bool:
+    """Whether ``endpoint`` needs a token on a node so configured."""
+    if endpoint.access is Access.METRICS:
+        return metrics_protected
+    return endpoint.access is not Access.OPEN
+
+
+def error_statuses(endpoint: Endpoint, *, guarded: bool) -> set[int]:
+    """The error statuses ``endpoint`` may answer (besides a 500, which is a bug)."""
+    path_params = bool(_PATH_PARAM.findall(endpoint.path))
+    statuses: set[int] = set()
+    if guarded:
+        statuses |= {401, 429, 503}
+        if endpoint.access is not Access.TOKEN:
+            statuses.add(403)
+        else:  # another tenant's records, ids and filters are 404s
+            statuses.add(404)
+        if endpoint.method != "GET":
+            statuses.add(409)
+    if endpoint.body is not None:
+        statuses |= {400, 413, 422}
+    if endpoint.conditional:
+        statuses |= {400, 412}
+    if endpoint.query or path_params:
+        statuses.add(422)
+    if path_params or endpoint.access is Access.METRICS:  # a node may serve no metrics
+        statuses.add(404)
+    return statuses
+
+
+def _operation(endpoint: Endpoint, by_type: dict[Any, Any], *, guarded: bool) -> dict[str, Any]:
     parameters: list[dict[str, Any]] = [
-        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        {"name": name, "in": "path", "required": True, "schema": _path_schema(name)}
         for name in _PATH_PARAM.findall(endpoint.path)
     ]
     for param in endpoint.query:
         schema: dict[str, Any] = dict(_QUERY_TYPES[param.kind])
         if param.enum:
-            schema["enum"] = list(param.enum)
+            schema = {"type": "string", "enum": list(param.enum)}
+        for keyword in ("minimum", "maximum", "default"):
+            if getattr(param, keyword) is not None:
+                schema[keyword] = getattr(param, keyword)
         parameters.append(
             {"name": param.name, "in": "query", "description": param.description, "schema": schema}
         )
     problem = {PROBLEM_CONTENT_TYPE: {"schema": by_type[ProblemBody]}}
-    success: dict[str, Any] = {"description": "success"}
+    content: dict[str, Any] | None = None
     if endpoint.response is not None:
-        success["content"] = {"application/json": {"schema": by_type[endpoint.response]}}
+        content = {"application/json": {"schema": by_type[endpoint.response]}}
     elif endpoint.path == "/metrics":
-        success["content"] = {"text/plain": {"schema": {"type": "string"}}}
+        content = {"text/plain": {"schema": {"type": "string"}}}
     elif endpoint.path == "/openapi.json":
-        success["content"] = {"application/json": {"schema": {"type": "object"}}}
+        content = {"application/json": {"schema": {"type": "object"}}}
+    responses: dict[str, Any] = {}
+    for status, text in ((endpoint.status, "success"), *endpoint.also):
+        responses[str(status)] = {"description": text}
+        if content is not None:
+            responses[str(status)]["content"] = content
+    for status in sorted(error_statuses(endpoint, guarded=guarded)):
+        responses.setdefault(str(status), {"description": _ERRORS[status], "content": problem})
     operation: dict[str, Any] = {
         "operationId": _operation_id(endpoint),
         "summary": endpoint.summary,
         "tags": [endpoint.tag],
         "parameters": parameters,
-        "responses": {
-            str(endpoint.status): success,
-            **{code: {"description": text, "content": problem} for code, text in _ERRORS.items()},
-        },
+        "responses": dict(sorted(responses.items())),
     }
     if endpoint.body is not None:
         operation["requestBody"] = {
             "required": True,
             "content": {"application/json": {"schema": by_type[endpoint.body]}},
         }
-    if endpoint.access is not Access.OPEN:
+    if guarded:
         operation["security"] = [{"bearer": []}]
     return operation
+
+
+def _path_schema(name: str) -> dict[str, Any]:
+    kind = _PATH_TYPES.get(name)
+    schema: dict[str, Any] = (
+        {"type": "string", "minLength": 1} if kind is None else msgspec.json.schema(kind)
+    )
+    return schema
 
 
 def _operation_id(endpoint: Endpoint) -> str:
@@ -116,7 +181,7 @@ def _mark_date_times(types: list[Any], components: dict[str, Any]) -> None:
     seen: set[type] = set()
     pending = list(msgspec.inspect.multi_type_info(types))
     while pending:
-        info = pending.pop()
+        info = _unwrap(pending.pop())
         if isinstance(info, msgspec.inspect.StructType):
             if info.cls in seen:
                 continue
@@ -134,9 +199,17 @@ def _mark_date_times(types: list[Any], components: dict[str, Any]) -> None:
             )
 
 
+def _unwrap(info: msgspec.inspect.Type) -> msgspec.inspect.Type:
+    """The type a ``Meta`` annotation (constraints, a description) wraps."""
+    while isinstance(info, msgspec.inspect.Metadata):
+        info = info.type
+    return info
+
+
 def _is_date_time(info: msgspec.inspect.Type) -> bool:
+    info = _unwrap(info)
     if isinstance(info, msgspec.inspect.UnionType):
-        return any(isinstance(t, msgspec.inspect.DateTimeType) for t in info.types)
+        return any(isinstance(_unwrap(t), msgspec.inspect.DateTimeType) for t in info.types)
     return isinstance(info, msgspec.inspect.DateTimeType)
 
 

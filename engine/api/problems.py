@@ -101,21 +101,25 @@ def forbidden(detail: str) -> Problem:
     return Problem(403, "forbidden", "Not allowed", detail)
 
 
-def too_large(limit_bytes: int) -> Problem:
+def too_large(limit_bytes: int, advice: str = "") -> Problem:
+    """413 naming the route's limit (``advice``: how to stay under it)."""
+    detail = f"the body exceeds the limit of {limit_bytes} bytes for this route"
     return Problem(
         413,
         "payload-too-large",
         "The request body is too large",
-        f"the body exceeds the limit of {limit_bytes} bytes for this route",
+        f"{detail}; {advice}" if advice else detail,
     )
 
 
-def rate_limited(retry_after_s: int) -> Problem:
+def rate_limited(retry_after_s: int, limit: str = "this token's request rate") -> Problem:
+    """429: ``limit`` says whose rate ran out and what it is (a token's, or a client
+    address's before any valid token)."""
     return Problem(
         429,
         "rate-limited",
         "Too many requests",
-        f"this token's request rate is exhausted; retry in {retry_after_s} s",
+        f"{limit} is exhausted; retry in {retry_after_s} s",
         headers={"Retry-After": str(retry_after_s)},
     )
 

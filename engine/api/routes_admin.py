@@ -44,7 +44,6 @@ from engine.model import HandlerKind, TaskType, Tenant, validate_identifier, val
 
 _BUCKETS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 FORECAST_DEFAULT: Final = timedelta(hours=24)
-ROTATION_OVERLAP_S_MAX: Final = 30 * 86400.0
 _forecasts = trio.CapacityLimiter(1)
 """One forecast computes at a time per process: it is CPU work in a worker thread."""
 
@@ -97,10 +96,6 @@ async def rotate_secret(call: Call) -> Reply:
     current: TaskType = await call.api.ledger.task_types_get(name)
     if current.kind is not HandlerKind.WEBHOOK:
         raise problems.invalid(f"task type {name!r} is {current.kind}: only webhooks sign")
-    if not 0 <= body.overlap_s <= ROTATION_OVERLAP_S_MAX:
-        raise problems.invalid(
-            f"overlap_s must be 0 to {ROTATION_OVERLAP_S_MAX:g} seconds (30 days)"
-        )
     now = await call.api.ledger.database_now()
     settings = {
         key: value

@@ -10,11 +10,13 @@ is never what an empty body meant. A dead letter whose schedule is deleted is no
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 from engine.api import problems
-from engine.api.endpoint import Call, Endpoint, QueryParam, Reply, check_instant
+from engine.api.endpoint import LIMIT, Call, Endpoint, QueryParam, Reply, check_instant
 from engine.api.schemas import (
+    REPLAY_FILTERS,
     PurgeFilter,
     PurgeResult,
     ReasonIn,
@@ -29,7 +31,7 @@ from engine.ledger.base import (
     ExecutionsQuery,
     Page,
 )
-from engine.model import Execution, ExecutionStatus, Schedule
+from engine.model import Execution, ExecutionStatus, Schedule, validate_identifier
 
 
 def _tenant_filter(call: Call) -> str | None:
@@ -51,7 +53,7 @@ def _query(call: Call, status: ExecutionStatus | None) -> ExecutionsQuery:
         planned_to=call.query_instant("planned_to"),
         task_type=call.query_str("task_type"),
         cursor=call.query_str("cursor"),
-        limit=call.query_int("limit", 100, 1, PAGE_SIZE_MAX),
+        limit=call.query_int(LIMIT),
     )
 
 
@@ -126,9 +128,38 @@ def _schedule_deleted(execution: Execution) -> problems.Problem:
 
 async def replay_matching(call: Call) -> Reply:
     body: ReplayFilter = call.body
-    for name, value in (("planned_from", body.planned_from), ("planned_to", body.planned_to)):
-        if value is not None:
-            check_instant(value, name)
+    if not body.all and all(getattr(body, name) is None for name in REPLAY_FILTERS):
+        raise problems.invalid(
+            "name the dead letters to replay: give schedule_id, tenant_id or task_type, or "
+            'send "all": true to replay every one (a tenant token: every one of its tenant)'
+        )
+    # Dead letters of deleted schedules could not run: left out, not counted.
+    ids = await _matching_dead_letters(call, body, _runnable)
+    if not ids:
+        return Reply(ReplayResult([]))
+    replayed = await call.api.ledger.dead_letters_replay(
+        DeadLettersReplay(ids, call.who.actor, body.reason)
+    )
+    return Reply(ReplayResult(replayed))
+
+
+async def _every(_: Call, executions: list[Execution]) -> list[Execution]:
+    return executions
+
+
+async def _matching_dead_letters(
+    call: Call,
+    body: ReplayFilter | PurgeFilter,
+    keep: Callable[[Call, list[Execution]], Awaitable[list[Execution]]],
+) -> list[str]:
+    """The ids of the first ``body.limit`` dead letters that match ``body``'s filters and
+    that ``keep`` keeps, of the caller's tenant only (another tenant named: 404)."""
+    for name in REPLAY_FILTERS:
+        if (value := getattr(body, name)) is not None:
+            validate_identifier(value, kind=name)
+    for name, instant in (("planned_from", body.planned_from), ("planned_to", body.planned_to)):
+        if instant is not None:
+            check_instant(instant, name)
     own = call.who.tenant_id
     tenant = body.tenant_id
     if own is not None:
@@ -150,17 +181,11 @@ async def replay_matching(call: Call) -> Reply:
                 limit=min(PAGE_SIZE_MAX, body.limit - len(ids)),
             )
         )
-        # Dead letters of deleted schedules could not run: left out, not counted.
-        ids.extend(execution.execution_id for execution in await _runnable(call, page.items))
+        ids.extend(execution.execution_id for execution in await keep(call, page.items))
         cursor = page.next_cursor
         if cursor is None:
             break
-    if not ids:
-        return Reply(ReplayResult([]))
-    replayed = await call.api.ledger.dead_letters_replay(
-        DeadLettersReplay(ids, call.who.actor, body.reason)
-    )
-    return Reply(ReplayResult(replayed))
+    return ids
 
 
 def _not_a_dead_letter(execution_id: str, status: ExecutionStatus, action: str) -> problems.Problem:
@@ -186,9 +211,6 @@ async def purge_one(call: Call) -> Reply:
 
 async def purge_matching(call: Call) -> Reply:
     body: PurgeFilter = call.body
-    for name, value in (("planned_from", body.planned_from), ("planned_to", body.planned_to)):
-        if value is not None:
-            check_instant(value, name)
     filters = (body.schedule_id, body.tenant_id, body.task_type, body.planned_from, body.planned_to)
     given = any(value is not None for value in filters)
     if body.all and given:
@@ -198,31 +220,7 @@ async def purge_matching(call: Call) -> Reply:
             "name the dead letters to purge: schedule_id, tenant_id, task_type, planned_from "
             'or planned_to, or "all": true for every one'
         )
-    own = call.who.tenant_id
-    tenant = body.tenant_id
-    if own is not None:
-        if tenant not in (None, own):
-            raise problems.not_found(f"tenant {tenant!r} not found")
-        tenant = own
-    ids: list[str] = []
-    cursor: str | None = None
-    while len(ids) < body.limit:
-        page: Page[Execution] = await call.api.ledger.executions_query(
-            ExecutionsQuery(
-                schedule_id=body.schedule_id,
-                tenant_id=tenant,
-                status=ExecutionStatus.DEAD_LETTER,
-                planned_from=body.planned_from,
-                planned_to=body.planned_to,
-                task_type=body.task_type,
-                cursor=cursor,
-                limit=min(PAGE_SIZE_MAX, body.limit - len(ids)),
-            )
-        )
-        ids.extend(execution.execution_id for execution in page.items)
-        cursor = page.next_cursor
-        if cursor is None:
-            break
+    ids = await _matching_dead_letters(call, body, _every)
     if not ids:
         return Reply(PurgeResult([]))
     purged = await call.api.ledger.dead_letters_purge(
@@ -238,7 +236,7 @@ _FILTERS: Final = (
     QueryParam("planned_from", "date-time", "planned at or after (RFC 3339)"),
     QueryParam("planned_to", "date-time", "planned before (RFC 3339)"),
     QueryParam("cursor", "string", "next_cursor of the previous page"),
-    QueryParam("limit", "integer", f"page size, 1..{PAGE_SIZE_MAX} (default 100)"),
+    LIMIT,
 )
 _STATUS: Final = QueryParam(
     "status", "string", "only executions in this status", tuple(s.value for s in ExecutionStatus)
@@ -275,7 +273,7 @@ ENDPOINTS: Final = (
         "POST",
         "/v1/dead-letters:replay",
         replay_matching,
-        "Replay the dead letters matching a filter",
+        "Replay the dead letters matching a filter (or all of them, explicitly)",
         body=ReplayFilter,
         response=ReplayResult,
         tag="dead-letters",

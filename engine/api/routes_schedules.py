@@ -15,6 +15,7 @@ from typing import Final
 from engine.api import problems
 from engine.api.endpoint import (
     BATCH_BODY_BYTES_MAX,
+    LIMIT,
     Call,
     Endpoint,
     QueryParam,
@@ -30,6 +31,7 @@ from engine.api.schedule_input import (
     timetable_of,
 )
 from engine.api.schemas import (
+    INSTANT_MAX,
     BackfillIn,
     BackfillResult,
     BatchResult,
@@ -41,11 +43,10 @@ from engine.api.schemas import (
     ScheduleSpec,
 )
 from engine.core.instants import format_local
-from engine.core.timetable import FIRES_PER_CALL_MAX
-from engine.errors import InvalidField, NotFound, VersionConflict
+from engine.core.timetable import FIRES_PER_CALL_MAX, Fire, Timetable
+from engine.errors import CarillonError, InvalidField, NotFound, VersionConflict
 from engine.ledger.base import (
     BATCH_ROWS_MAX,
-    PAGE_SIZE_MAX,
     Backfilled,
     ExecutionsBackfill,
     ExecutionsTrigger,
@@ -169,7 +170,7 @@ async def listing(call: Call) -> Reply:
             task_type=call.query_str("task_type"),
             enabled=None if enabled_text is None else enabled_text == "true",
             cursor=call.query_str("cursor"),
-            limit=call.query_int("limit", 100, 1, PAGE_SIZE_MAX),
+            limit=call.query_int(LIMIT),
             id_prefix=call.query_str("id_prefix"),
         )
     )
@@ -260,10 +261,10 @@ async def backfill(call: Call) -> Reply:
 
 async def preview(call: Call) -> Reply:
     schedule = await _visible(call, call.path("schedule_id"))
-    count = call.query_int("count", PREVIEW_COUNT_DEFAULT, 1, FIRES_PER_CALL_MAX)
+    count = call.query_int(_COUNT)
     after = call.query_instant("after") or await call.api.ledger.database_now()
     timetable = timetable_of(schedule)
-    fires = timetable.fires(after, count)
+    fires = _fires_before_instant_max(timetable, after, count)
     return Reply(
         Preview(
             schedule.schedule_id,
@@ -278,6 +279,25 @@ async def preview(call: Call) -> Reply:
             ],
         )
     )
+
+
+def _fires_before_instant_max(timetable: Timetable, after: datetime, count: int) -> list[Fire]:
+    """Up to ``count`` fires after ``after`` and before :data:`INSTANT_MAX`, where the API's
+    instants end (fewer when there are fewer: a yearly schedule has 10,000 fires in no
+    century, and the calendar itself ends at year 9999)."""
+    fires: list[Fire] = []
+    while len(fires) < count:
+        try:
+            fire = timetable.next_fire(after)
+        except CarillonError:
+            raise
+        except (OverflowError, ValueError):  # the next fire would be after year 9999
+            break
+        if fire.planned_at >= INSTANT_MAX:
+            break
+        fires.append(fire)
+        after = fire.planned_at
+    return fires
 
 
 def _occurrences(schedule: Schedule, start: datetime, end: datetime) -> list[datetime]:
@@ -318,7 +338,15 @@ _LIST_QUERY: Final = (
     QueryParam("enabled", "boolean", "only enabled (true) or paused (false) schedules"),
     QueryParam("id_prefix", "string", "only the ids that start with it"),
     QueryParam("cursor", "string", "next_cursor of the previous page"),
-    QueryParam("limit", "integer", f"page size, 1..{PAGE_SIZE_MAX} (default 100)"),
+    LIMIT,
+)
+_COUNT: Final = QueryParam(
+    "count",
+    "integer",
+    f"how many, 1..{FIRES_PER_CALL_MAX} (default {PREVIEW_COUNT_DEFAULT})",
+    minimum=1,
+    maximum=FIRES_PER_CALL_MAX,
+    default=PREVIEW_COUNT_DEFAULT,
 )
 
 ENDPOINTS: Final = (
@@ -348,6 +376,8 @@ ENDPOINTS: Final = (
         response=BatchResult,
         status=201,
         body_bytes_max=BATCH_BODY_BYTES_MAX,
+        too_large=f"a batch holds at most {BATCH_ROWS_MAX} schedules and "
+        f"{BATCH_BODY_BYTES_MAX} bytes of JSON; send smaller batches",
     ),
     Endpoint(
         "POST",
@@ -390,7 +420,7 @@ ENDPOINTS: Final = (
         "The next fires of a schedule",
         response=Preview,
         query=(
-            QueryParam("count", "integer", f"how many, 1..{FIRES_PER_CALL_MAX}"),
+            _COUNT,
             QueryParam("after", "date-time", "fires after this instant (default now)"),
         ),
     ),
@@ -401,6 +431,8 @@ ENDPOINTS: Final = (
         "Create or replace a schedule under a client-chosen id",
         body=ScheduleSpec,
         response=Schedule,
+        also=((201, "created"),),
+        conditional=True,
     ),
     Endpoint("GET", _ID, get, "Read a schedule", response=Schedule),
     Endpoint(
@@ -410,6 +442,14 @@ ENDPOINTS: Final = (
         "Change some fields of a schedule",
         body=SchedulePatch,
         response=Schedule,
+        conditional=True,
     ),
-    Endpoint("DELETE", _ID, delete, "Delete a schedule (its queued runs are skipped)", status=204),
+    Endpoint(
+        "DELETE",
+        _ID,
+        delete,
+        "Delete a schedule (its queued runs are skipped)",
+        status=204,
+        conditional=True,
+    ),
 )

@@ -9,23 +9,127 @@ model. The OpenAPI document (:mod:`engine.api.openapi`) is generated from these 
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Final
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
+from engine.core.cron import MAX_EXPRESSION_LENGTH
 from engine.core.dst import DstGap, DstOverlap
 from engine.ledger.base import BATCH_ROWS_MAX
 from engine.model import (
+    BACKOFF_S_MAX,
     CATCH_UP_WINDOW_S_DEFAULT,
+    CATCH_UP_WINDOW_S_MAX,
+    CONCURRENCY_MAX,
+    IDENTIFIER_LENGTH_MAX,
+    IDENTIFIER_PATTERN,
+    MAX_ATTEMPTS_MAX,
+    PAYLOAD_BYTES_MAX,
+    REASON_LENGTH_MAX,
+    SETTINGS_BYTES_MAX,
+    TASK_TIMEOUT_S_MAX,
+    TENANT_BURST_MAX,
+    TENANT_RATE_PER_S_MAX,
+    TENANT_SCHEDULES_MAX,
+    TENANT_WEIGHT_MAX,
     CatchUpPolicy,
     HandlerKind,
     OverlapPolicy,
+    validate_reason,
 )
 
-REASON_MAX: Final = 1000
-Reason = Annotated[str, Meta(max_length=REASON_MAX)]
+# Every constraint the server enforces on a request is stated here, on the type it is
+# decoded with, so the OpenAPI document (generated from these types) shows a client generator
+# or a fuzzer exactly the bounds the server holds to; tests/api/test_constraints.py tries a
+# value at each stated bound and one just past it. Two kinds:
+#
+# * ``Meta`` constraints msgspec enforces while decoding (a 422 naming the field): where
+#   the API is the only check (page sizes, batch sizes).
+# * ``_stated`` ones, for the document only, where an engine validator (engine.model,
+#   engine.core.cron) enforces the same constant with a message that says how to fix it,
+#   for the API and the CLI alike: ids, cron expressions, the catch-up window, task types'
+#   and tenants' numbers, reasons. A batch then names every invalid item, not only the
+#   first.
+
+
+def _stated(**schema: Any) -> Meta:
+    """Constraints for the document that an engine validator enforces (same constants)."""
+    return Meta(extra_json_schema=schema)
+
+
+NO_NUL: Final = "^[^\\x00]*$"
+"""No string may hold a NUL character (PostgreSQL cannot store one; the API refuses a body
+with ``\\u0000`` anywhere in it)."""
+INSTANT_MIN: Final = datetime(1900, 1, 1, tzinfo=UTC)
+INSTANT_MAX: Final = datetime(9000, 1, 1, tzinfo=UTC)
+"""The instants a client may send, ``[INSTANT_MIN, INSTANT_MAX)``: far enough from years 1
+and 9999 that the date arithmetic of previews, forecasts and backfills cannot overflow."""
+INSTANT_YEARS: Final = "^(19[0-9]{2}|[2-8][0-9]{3})-"
+"""RFC 3339 text of a year in ``[1900, 9000)``: what the document states of every instant
+a client sends (the offset must be there too, and the instant in UTC in that range)."""
+INSTANT_RULE: Final = (
+    f"RFC 3339 with a UTC offset, from {INSTANT_MIN.year} up to (not including) {INSTANT_MAX.year}"
+)
+
+Identifier = Annotated[
+    str,
+    _stated(
+        minLength=1,
+        maxLength=IDENTIFIER_LENGTH_MAX,
+        pattern=IDENTIFIER_PATTERN,
+        description=f"1-{IDENTIFIER_LENGTH_MAX} letters, digits and . _ ~ -, starting with a "
+        "letter or digit",
+    ),
+]
+"""Enforced by :func:`engine.model.validate_identifier`."""
+Reason = Annotated[
+    str,
+    _stated(
+        minLength=1,
+        maxLength=REASON_LENGTH_MAX,
+        pattern="^[^\\x00]*[^\\x00\\s][^\\x00]*$",
+        description=f"why, kept in the audit trail: up to {REASON_LENGTH_MAX} printable "
+        "characters (line breaks allowed), not all blank",
+    ),
+]
+"""Enforced by :func:`engine.model.validate_reason` as the body is decoded (each struct
+carrying one checks it in ``__post_init__``), so every route refuses a bad reason alike."""
+REASON_MAX: Final = REASON_LENGTH_MAX
+ExecutionId = Annotated[
+    str,
+    _stated(
+        minLength=3,
+        pattern=IDENTIFIER_PATTERN.removesuffix("$") + ":",
+        description="the schedule id, a colon and the planned instant (RFC 3339 UTC)",
+    ),
+]
+Instant = Annotated[datetime, _stated(pattern=INSTANT_YEARS, description=INSTANT_RULE)]
+"""Enforced by :func:`engine.api.endpoint.check_instant`."""
+CronExpr = Annotated[
+    str,
+    _stated(
+        minLength=1,
+        maxLength=MAX_EXPRESSION_LENGTH,
+        pattern=NO_NUL,
+        description="5 fields (or 6, seconds first), or a macro such as @daily; H hashes; "
+        f"at most {MAX_EXPRESSION_LENGTH} characters once runs of spaces are one",
+    ),
+]
+Zone = Annotated[str, _stated(minLength=1, pattern=NO_NUL, description="an IANA time zone")]
+Payload = Annotated[
+    dict[str, Any],
+    _stated(description=f"any JSON object of at most {PAYLOAD_BYTES_MAX} bytes (compact UTF-8)"),
+]
+CatchUpWindow = Annotated[float, _stated(exclusiveMinimum=0, maximum=CATCH_UP_WINDOW_S_MAX)]
+Seconds = Annotated[float, _stated(exclusiveMinimum=0, maximum=TASK_TIMEOUT_S_MAX)]
+BackoffSeconds = Annotated[float, _stated(exclusiveMinimum=0, maximum=BACKOFF_S_MAX)]
+Concurrency = Annotated[int, _stated(minimum=1, maximum=CONCURRENCY_MAX)]
+
+
+def _count(maximum: int) -> Meta:
+    return _stated(minimum=1, maximum=maximum)
 
 
 class _In(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -35,17 +139,17 @@ class _In(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True)
 class ScheduleSpec(_In, frozen=True):
     """A schedule as a client writes it (``POST /v1/schedules``, ``PUT``, batches)."""
 
-    cron_expr: str
-    task_type: str
-    schedule_id: str | None = None
+    cron_expr: CronExpr
+    task_type: Identifier
+    schedule_id: Identifier | None = None
     """Set by the client (``PUT`` takes it from the path); ``POST`` generates one if absent."""
-    tenant_id: str | None = None
+    tenant_id: Identifier | None = None
     """Defaults to the token's tenant; an admin token must name one (else ``default``)."""
-    timezone: str = "UTC"
-    payload: dict[str, Any] = msgspec.field(default_factory=dict)
+    timezone: Zone = "UTC"
+    payload: Payload = msgspec.field(default_factory=dict)
     enabled: bool = True
     catch_up: CatchUpPolicy = CatchUpPolicy.LATEST
-    catch_up_window_s: float = CATCH_UP_WINDOW_S_DEFAULT
+    catch_up_window_s: CatchUpWindow = CATCH_UP_WINDOW_S_DEFAULT
     dst_gap: DstGap = DstGap.AUTO
     dst_overlap: DstOverlap = DstOverlap.AUTO
     overlap: OverlapPolicy | None = None
@@ -54,13 +158,13 @@ class ScheduleSpec(_In, frozen=True):
 class SchedulePatch(_In, frozen=True):
     """The fields to change (``PATCH``); those left out keep their values."""
 
-    cron_expr: str | UnsetType = UNSET
-    task_type: str | UnsetType = UNSET
-    timezone: str | UnsetType = UNSET
-    payload: dict[str, Any] | UnsetType = UNSET
+    cron_expr: CronExpr | UnsetType = UNSET
+    task_type: Identifier | UnsetType = UNSET
+    timezone: Zone | UnsetType = UNSET
+    payload: Payload | UnsetType = UNSET
     enabled: bool | UnsetType = UNSET
     catch_up: CatchUpPolicy | UnsetType = UNSET
-    catch_up_window_s: float | UnsetType = UNSET
+    catch_up_window_s: CatchUpWindow | UnsetType = UNSET
     dst_gap: DstGap | UnsetType = UNSET
     dst_overlap: DstOverlap | UnsetType = UNSET
     overlap: OverlapPolicy | UnsetType | None = UNSET
@@ -80,12 +184,18 @@ class ReasonIn(_In, frozen=True):
 
     reason: Reason | None = None
 
+    def __post_init__(self) -> None:
+        validate_reason(self.reason)
+
 
 class BackfillIn(_In, frozen=True, rename={"from_": "from"}):
-    from_: datetime
-    to: datetime
+    from_: Instant
+    to: Instant
     """Exclusive."""
     reason: Reason | None = None
+
+    def __post_init__(self) -> None:
+        validate_reason(self.reason)
 
 
 class BackfillResult(msgspec.Struct, frozen=True):
@@ -114,15 +224,27 @@ class Preview(msgspec.Struct, frozen=True):
 
 
 class ReplayFilter(_In, frozen=True):
-    """Which dead letters to replay (``POST /v1/dead-letters:replay``)."""
+    """Which dead letters to replay (``POST /v1/dead-letters:replay``): those of a schedule,
+    a tenant or a task type (:data:`REPLAY_FILTERS`), or with ``all`` every one the token
+    may see; ``planned_from``/``planned_to`` narrow either."""
 
-    schedule_id: str | None = None
-    tenant_id: str | None = None
-    task_type: str | None = None
-    planned_from: datetime | None = None
-    planned_to: datetime | None = None
+    all: bool = False
+    """Replay without naming a schedule, tenant or task type: every dead letter of the
+    cluster (a tenant token: of its own tenant). Required when no such filter is given."""
+    schedule_id: Identifier | None = None
+    tenant_id: Identifier | None = None
+    task_type: Identifier | None = None
+    planned_from: Instant | None = None
+    planned_to: Instant | None = None
     limit: Annotated[int, Meta(ge=1, le=BATCH_ROWS_MAX)] = 1000
     reason: Reason | None = None
+
+    def __post_init__(self) -> None:
+        validate_reason(self.reason)
+
+
+REPLAY_FILTERS: Final = ("schedule_id", "tenant_id", "task_type")
+"""The fields of which a replay by filter must name one, unless it says ``"all": true``."""
 
 
 class ReplayResult(msgspec.Struct, frozen=True):
@@ -133,16 +255,19 @@ class PurgeFilter(_In, frozen=True):
     """Which dead letters to delete for good (``POST /v1/dead-letters:purge``): at least one
     filter, or ``all``."""
 
-    schedule_id: str | None = None
-    tenant_id: str | None = None
-    task_type: str | None = None
-    planned_from: datetime | None = None
-    planned_to: datetime | None = None
+    schedule_id: Identifier | None = None
+    tenant_id: Identifier | None = None
+    task_type: Identifier | None = None
+    planned_from: Instant | None = None
+    planned_to: Instant | None = None
     all: bool = False
     """Every dead letter the token may see (a tenant token: its tenant's); refused with a
     filter, which is what it would ignore."""
     limit: Annotated[int, Meta(ge=1, le=BATCH_ROWS_MAX)] = 1000
     reason: Reason | None = None
+
+    def __post_init__(self) -> None:
+        validate_reason(self.reason)
 
 
 class PurgeResult(msgspec.Struct, frozen=True):
@@ -155,19 +280,26 @@ class TaskTypeSpec(_In, frozen=True):
     """A task type as written by ``PUT /v1/task-types/{name}``."""
 
     kind: HandlerKind
-    settings: dict[str, Any] = msgspec.field(default_factory=dict)
-    timeout_s: float = 30.0
-    max_concurrency: int | None = None
-    max_concurrency_cluster: int | None = None
-    max_attempts: int = 5
-    backoff_base_s: float = 1.0
-    backoff_max_s: float = 60.0
+    settings: Annotated[
+        dict[str, Any],
+        _stated(description=f"the handler's, at most {SETTINGS_BYTES_MAX} bytes of JSON"),
+    ] = msgspec.field(default_factory=dict)
+    timeout_s: Seconds = 30.0
+    max_concurrency: Concurrency | None = None
+    max_concurrency_cluster: Concurrency | None = None
+    max_attempts: Annotated[int, _count(MAX_ATTEMPTS_MAX)] = 5
+    backoff_base_s: BackoffSeconds = 1.0
+    backoff_max_s: BackoffSeconds = 60.0
     overlap: OverlapPolicy | None = None
-    tenant_id: str | None = None
+    tenant_id: Identifier | None = None
     """The tenant that owns it (only its schedules may name it); none: shared."""
     allowed_tenants: tuple[str, ...] | None = None
     """A shared task type's tenants (``"*"``: all; not for python and shell); not given: the
     default tenant only."""
+
+
+ROTATION_OVERLAP_S_MAX: Final = 30 * 86400.0
+"""The longest a rotated-out secret keeps signing."""
 
 
 class SecretRotation(_In, frozen=True):
@@ -175,18 +307,20 @@ class SecretRotation(_In, frozen=True):
     requests are signed with the old one too."""
 
     secret: str
-    overlap_s: float = 86400.0
+    overlap_s: Annotated[float, Meta(ge=0, le=ROTATION_OVERLAP_S_MAX)] = 86400.0
     """Seconds during which both secrets sign (0: switch at once), at most 30 days."""
 
 
 class TenantSpec(_In, frozen=True):
     """A tenant's settings as written by ``PUT /v1/tenants/{id}``."""
 
-    weight: int = 1
-    concurrency_quota: int | None = None
-    rate_per_s: float | None = None
-    burst: int | None = None
-    schedules_max: int | None = None
+    weight: Annotated[int, _count(TENANT_WEIGHT_MAX)] = 1
+    concurrency_quota: Concurrency | None = None
+    rate_per_s: (
+        Annotated[float, _stated(exclusiveMinimum=0, maximum=TENANT_RATE_PER_S_MAX)] | None
+    ) = None
+    burst: Annotated[int, _count(TENANT_BURST_MAX)] | None = None
+    schedules_max: Annotated[int, _count(TENANT_SCHEDULES_MAX)] | None = None
 
 
 class TenantView(msgspec.Struct, frozen=True):
@@ -235,8 +369,11 @@ class NodeView(msgspec.Struct, frozen=True):
 class RegionFailoverSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``POST /v1/region:failover``: make ``to_region`` active (see docs/multi-region.md)."""
 
-    to_region: str
-    reason: str | None = None
+    to_region: Identifier
+    reason: Reason | None = None
+
+    def __post_init__(self) -> None:
+        validate_reason(self.reason)
 
 
 class RegionView(msgspec.Struct, frozen=True):

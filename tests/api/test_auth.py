@@ -151,8 +151,10 @@ async def test_token_over_its_burst_gets_429_with_retry_after() -> None:
         for _ in range(3):
             assert (await api.client.get("/v1/schedules", headers=api.admin)).status_code == 200
         response = await api.client.get("/v1/schedules", headers=api.admin)
-        assert_problem(response, 429, "rate-limited")
+        problem = assert_problem(response, 429, "rate-limited")
         assert int(response.headers["retry-after"]) >= 1
+        assert problem["detail"].startswith("this token's requests are limited to 2/s")
+        assert "burst of 3" in problem["detail"]
         # Another token has a bucket of its own.
         other = await api.client.get("/v1/schedules", headers=api.tenant("acme"))
         assert other.status_code == 200
@@ -171,8 +173,12 @@ async def test_client_sending_bad_tokens_gets_429_before_reaching_the_ledger() -
         forged = bearer("crl_000000000000_forged")
         assert_problem(await api.client.get("/v1/schedules", headers=forged), 401)
         response = await api.client.get("/v1/schedules", headers=forged)
-        assert_problem(response, 429, "rate-limited")
+        problem = assert_problem(response, 429, "rate-limited")
         assert int(response.headers["retry-after"]) >= 1
+        assert problem["detail"].startswith(
+            "requests without a valid token are limited per client address to 1/s with a burst of 2"
+        )
+        assert "token's" not in problem["detail"]
         clock.advance(TOKEN_CACHE_TTL_S)  # the admin token's cached lookup has expired
         for forged_again in ("crl_000000000001_forged", "crl_000000000002_forged"):
             assert_problem(await api.client.get("/v1/schedules", headers=bearer(forged_again)), 401)

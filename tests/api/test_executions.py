@@ -10,6 +10,9 @@ from engine.core.instants import format_utc
 from engine.ledger.base import AuditQuery, encode_cursor
 from tests.api.support import Api, assert_problem, walk_pages
 
+RECENT = "2026-02-01T00:00:00Z"
+"""Before every execution the tests make (the memory ledger starts on 2026-03-02)."""
+
 
 async def backfilled(api: Api, schedule_id: str, minutes: int) -> list[str]:
     """The ids of the fires of the last ``minutes`` (a minutely schedule), oldest first."""
@@ -225,7 +228,7 @@ async def test_replaying_by_filter_honours_the_limit(api: Api) -> None:
     await api.create_schedule("limited")
     dead = [await api.dead_letter("limited") for _ in range(4)]
     response = await api.client.post(
-        "/v1/dead-letters:replay", json={"limit": 3}, headers=api.admin
+        "/v1/dead-letters:replay", json={"all": True, "limit": 3}, headers=api.admin
     )
     assert len(response.json()["replayed"]) == 3
     assert set(response.json()["replayed"]) < set(dead)
@@ -238,6 +241,51 @@ async def test_replaying_by_filter_with_no_match_replays_nothing(api: Api) -> No
     assert response.status_code == 200
     assert response.json() == {"replayed": []}
     assert await api.ledger.audit_list(AuditQuery(action="dead_letter.replay")) == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [None, {}, {"limit": 5}, {"all": False}, {"reason": "outage"}, {"planned_from": RECENT}],
+    ids=["no-body", "empty", "limit-only", "all-false", "reason-only", "time-range-only"],
+)
+async def test_replaying_without_a_filter_or_all_is_refused_and_replays_nothing(
+    api: Api, body: dict[str, object] | None
+) -> None:
+    await api.create_schedule("kept-dead", tenant_id="acme")
+    dead = await api.dead_letter("kept-dead")
+    for headers in (api.admin, api.tenant("acme")):
+        response = await api.client.post("/v1/dead-letters:replay", json=body, headers=headers)
+        problem = assert_problem(response, 422, "invalid-field")
+        assert '"all": true' in problem["detail"]
+    detail = (await api.client.get(f"/v1/executions/{dead}", headers=api.admin)).json()
+    assert detail["execution"]["status"] == "dead-letter"
+    assert await api.ledger.audit_list(AuditQuery(action="dead_letter.replay")) == []
+
+
+async def test_replaying_all_explicitly_replays_every_dead_letter(api: Api) -> None:
+    await api.create_schedule("all-a", tenant_id="acme")
+    await api.create_schedule("all-b", tenant_id="globex")
+    dead = [await api.dead_letter("all-a"), await api.dead_letter("all-b")]
+    response = await api.client.post(
+        "/v1/dead-letters:replay", json={"all": True, "reason": "outage over"}, headers=api.admin
+    )
+    assert response.status_code == 200, response.text
+    assert sorted(response.json()["replayed"]) == sorted(dead)
+
+
+async def test_all_with_a_time_range_replays_only_that_range(api: Api) -> None:
+    await api.create_schedule("ranged")
+    dead = await api.dead_letter("ranged")
+    later = await api.client.post(
+        "/v1/dead-letters:replay",
+        json={"all": True, "planned_from": "2100-01-01T00:00:00Z"},
+        headers=api.admin,
+    )
+    assert later.json() == {"replayed": []}
+    since = await api.client.post(
+        "/v1/dead-letters:replay", json={"all": True, "planned_from": RECENT}, headers=api.admin
+    )
+    assert since.json() == {"replayed": [dead]}
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,13 @@ and bodies -- schema-conforming ones drawn from the document's schemas after inl
 component ``$ref`` s (:mod:`tests.api.schema_strategies`, with a few known-good values mixed
 in, so that requests get past validation into the routes and the ledger), arbitrary JSON,
 and garbage bytes -- and sends
-each request with an admin token and with a tenant token. Every answer must be below 500,
-and every 4xx a problem document.
+each request with an admin token and with each of two tenants' tokens. Every answer must be
+below 500, have a status the operation documents, and every 4xx be a problem document.
+
+Tenant isolation is fuzzed too: each tenant's schedules carry a payload marker, and each has
+a hidden schedule, execution and dead letter whose ids no request names. No answer to one
+tenant's token may contain anything of the other tenant's (its id, its records' ids, its
+markers) that the request did not itself send -- a 404 may echo the id it was asked for.
 
 The app and its ledger live for the whole run; Hypothesis runs in a worker thread and sends
 each request into the test's trio loop (``trio.from_thread.run``), so the same fuzz runs on
@@ -20,8 +25,9 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import httpx
 import pytest
@@ -31,7 +37,7 @@ from hypothesis import strategies as st
 
 from engine.core.instants import format_utc
 from tests.api.schema_strategies import ANY_JSON, TEXT, from_schema, inline
-from tests.api.support import START, Api
+from tests.api.support import START, TENANTS, Api
 
 EXAMPLES = {"memory": 100, "postgres": 25}
 SLOW_EXAMPLES = {"memory": 1000, "postgres": 200}
@@ -59,20 +65,43 @@ def instants() -> st.SearchStrategy[str]:
 
 
 class World:
-    """The records the fuzz aims at, for two tenants."""
+    """The records the fuzz aims at, for two tenants, and what each tenant must never see of
+    the other's.
+
+    Every tenant has schedules (with a payload marker) whose ids the fuzz knows and draws,
+    each with a queued execution and a dead letter, plus a *hidden* schedule with its own
+    execution and dead letter whose ids no request ever names: if one of those shows up in
+    the other tenant's answer, a listing or a filter leaked it.
+    """
 
     def __init__(self) -> None:
         self.schedules: list[str] = []
         self.executions: list[str] = []
+        self.secrets: dict[str, set[str]] = {tenant: {tenant} for tenant in TENANTS}
+        """Per tenant: its id, its records' ids and its payload markers."""
 
     async def build(self, api: Api) -> None:
-        for tenant in ("acme", "globex"):
+        for tenant in TENANTS:
+            marker = f"{tenant}-payload-7f3a"
             for n in range(2):
                 schedule_id = f"{tenant}-{n}"
-                await api.create_schedule(schedule_id, tenant_id=tenant)
+                await api.create_schedule(schedule_id, tenant_id=tenant, payload={"m": marker})
                 self.schedules.append(schedule_id)
                 self.executions.append(await api.queued(schedule_id))
                 self.executions.append(await api.dead_letter(schedule_id))
+            hidden = f"{tenant}-hidden"
+            await api.create_schedule(hidden, tenant_id=tenant, payload={"m": f"{marker}-h"})
+            known = {hidden, marker, *self.schedules[-2:], *self.executions[-4:]}
+            known |= {await api.queued(hidden), await api.dead_letter(hidden)}
+            self.secrets[tenant] |= known
+
+    def check_isolated(self, tenant: str, answer: str, request: str, what: str) -> None:
+        """``answer``, given to ``tenant``'s token, holds nothing of another tenant's that
+        the request did not itself send (a 404 may echo the id it was asked for)."""
+        for other in TENANTS:
+            if other != tenant:
+                leaked = {s for s in self.secrets[other] if s in answer and s not in request}
+                assert not leaked, f"{what} showed {tenant} {other}'s {sorted(leaked)}: {answer}"
 
     def hints(self) -> dict[str, list[Any]]:
         """Known-good (and a few known-bad) values, by field or parameter name."""
@@ -82,7 +111,7 @@ class World:
             "task_type": ["noop", "missing"],
             "schedule_id": self.schedules + [f"new-{n}" for n in range(20)],
             "execution_id": self.executions,
-            "tenant_id": ["acme", "globex", "default"],
+            "tenant_id": [*TENANTS, "default"],
             "name": ["noop", "other-type"],
             "bucket": ["1m", "15m", "1h", "1d", "0m"],
             "by": ["tenant", "task_type", "tenant,task_type"],
@@ -192,8 +221,13 @@ def request_strategy(
     )
 
 
-def check(response: httpx.Response, what: str) -> None:
+def check(response: httpx.Response, what: str, documented: set[str] | None) -> None:
+    """No 5xx; a status the operation documents (``None``: the request left the operation,
+    a path parameter holding a ``/``); every 4xx a problem document."""
     assert response.status_code < 500, f"{what} -> {response.status_code} {response.text}"
+    assert documented is None or str(response.status_code) in documented, (
+        f"{what} -> {response.status_code}, which the document does not list: {response.text}"
+    )
     if response.status_code >= 400:
         assert response.headers["content-type"].startswith("application/problem+json"), what
         problem = response.json()
@@ -208,10 +242,20 @@ async def fuzz(api: Api, examples: int) -> None:
     await world.build(api)
     hints = world.hints()
     document = (await api.client.get("/openapi.json")).json()
-    tokens = [api.admin, api.tenant("acme"), api.tenant("globex")]
+    tokens = {"admin": api.admin, **{tenant: api.tenant(tenant) for tenant in TENANTS}}
 
-    async def send(method: str, url: str, params: dict[str, str], body: bytes) -> None:
-        for headers in tokens:
+    async def send(
+        method: str,
+        url: str,
+        params: dict[str, str],
+        body: bytes,
+        documented: set[str] | None,
+        template: str,
+    ) -> None:
+        sent = unquote(url) + json.dumps(params) + body.decode(errors="replace")
+        if unquote(url).count("/") != template.count("/"):  # another path: the router's
+            documented = None  # (e.g. its 307 to the path without a trailing slash)
+        for who, headers in tokens.items():
             response = await api.client.request(
                 method,
                 url,
@@ -219,18 +263,29 @@ async def fuzz(api: Api, examples: int) -> None:
                 content=body or None,
                 headers={**headers, "Content-Type": "application/json"},
             )
-            check(response, f"{method} {url} params={params!r} body={body[:300]!r}")
+            what = f"{method} {url} params={params!r} body={body[:300]!r} as {who}"
+            check(response, what, documented)
+            if who != "admin":
+                world.check_isolated(who, response.text, sent, what)
 
     for path, item in document["paths"].items():
         for method, operation in item.items():
             strategy = request_strategy(path, operation, document, hints)
-            await trio.to_thread.run_sync(runner(method.upper(), strategy, send, examples))
+            documented = set(operation["responses"])
+            await trio.to_thread.run_sync(
+                runner(
+                    method.upper(),
+                    strategy,
+                    partial(send, documented=documented, template=path),
+                    examples,
+                )
+            )
 
 
 def runner(
     method: str,
     strategy: st.SearchStrategy[Request],
-    send: Callable[[str, str, dict[str, str], bytes], Awaitable[None]],
+    send: Callable[..., Awaitable[None]],
     examples: int,
 ) -> Callable[[], None]:
     """A Hypothesis test, for a worker thread, sending ``method`` requests into trio."""

@@ -91,7 +91,7 @@ async def test_non_numeric_content_length_gets_400(memory_api: Api) -> None:
 
 
 @pytest.mark.parametrize("endpoint", NORMAL_BODY, ids=label)
-async def test_body_over_128_kib_with_content_length_gets_413(
+async def test_body_over_the_limit_with_content_length_gets_413(
     memory_api: Api, endpoint: Endpoint
 ) -> None:
     response = await memory_api.client.request(
@@ -105,7 +105,7 @@ async def test_body_over_128_kib_with_content_length_gets_413(
 
 
 @pytest.mark.parametrize("endpoint", NORMAL_BODY, ids=label)
-async def test_streamed_body_over_128_kib_without_content_length_gets_413(
+async def test_streamed_body_over_the_limit_without_content_length_gets_413(
     memory_api: Api, endpoint: Endpoint
 ) -> None:
     body = await streamed(memory_api, endpoint.method, concrete(endpoint.path), BODY_BYTES_MAX + 1)
@@ -113,7 +113,7 @@ async def test_streamed_body_over_128_kib_without_content_length_gets_413(
     assert body["type"] == "urn:carillon:problem:payload-too-large"
 
 
-async def test_body_of_exactly_128_kib_is_read(memory_api: Api) -> None:
+async def test_body_of_exactly_the_limit_is_read(memory_api: Api) -> None:
     response = await memory_api.client.post(
         "/v1/schedules", content=b" " * BODY_BYTES_MAX, headers=memory_api.admin
     )
@@ -121,7 +121,9 @@ async def test_body_of_exactly_128_kib_is_read(memory_api: Api) -> None:
     assert_problem(response, 422, "invalid-field")
 
 
-async def test_batch_over_1_mib_gets_413_with_and_without_content_length(memory_api: Api) -> None:
+async def test_batch_over_its_limit_gets_413_with_and_without_content_length(
+    memory_api: Api,
+) -> None:
     response = await memory_api.client.post(
         "/v1/schedules:batch",
         content=b" " * (BATCH_BODY_BYTES_MAX + 1),
@@ -135,7 +137,7 @@ async def test_batch_over_1_mib_gets_413_with_and_without_content_length(memory_
     assert streamed_body["status"] == 413
 
 
-async def test_batch_between_128_kib_and_1_mib_is_read(memory_api: Api) -> None:
+async def test_batch_between_the_two_limits_is_read(memory_api: Api) -> None:
     response = await memory_api.client.post(
         "/v1/schedules:batch", content=b" " * (BODY_BYTES_MAX * 4), headers=memory_api.admin
     )
@@ -168,22 +170,28 @@ async def test_unknown_route_gets_404_problem_with_or_without_a_token(
 
 
 @pytest.mark.parametrize(
-    ("method", "path"),
+    ("method", "path", "allowed"),
     [
-        ("DELETE", "/v1/schedules"),
-        ("PUT", "/v1/schedules"),
-        ("GET", "/v1/schedules:batch"),
-        ("POST", "/v1/executions"),
-        ("DELETE", "/v1/cluster"),
-        ("POST", "/healthz"),
-        ("OPTIONS", "/v1/schedules"),
-        ("PATCH", "/v1/task-types/noop"),
+        ("DELETE", "/v1/schedules", "GET, HEAD, POST"),
+        ("PUT", "/v1/schedules", "GET, HEAD, POST"),
+        ("GET", "/v1/schedules:batch", "POST"),
+        ("POST", "/v1/executions", "GET, HEAD"),
+        ("DELETE", "/v1/cluster", "GET, HEAD"),
+        ("POST", "/healthz", "GET, HEAD"),
+        ("OPTIONS", "/v1/schedules", "GET, HEAD, POST"),
+        ("PATCH", "/v1/task-types/noop", "DELETE, GET, HEAD, PUT"),
+        ("POST", "/v1/schedules/s1", "DELETE, GET, HEAD, PATCH, PUT"),
     ],
 )
-async def test_wrong_method_gets_405_problem(memory_api: Api, method: str, path: str) -> None:
+async def test_wrong_method_gets_405_problem_with_an_allow_header(
+    memory_api: Api, method: str, path: str, allowed: str
+) -> None:
+    """RFC 9110: a 405 lists every method the resource supports, whichever route of the
+    path the router tried first."""
     response = await memory_api.client.request(method, path, headers=memory_api.admin)
     body = assert_problem(response, 405, "method-not-allowed")
     assert method in body["detail"]
+    assert response.headers["allow"] == allowed
 
 
 async def test_head_is_served_like_get_without_a_body(memory_api: Api) -> None:
@@ -276,5 +284,6 @@ def _valid_body(endpoint: Endpoint) -> object:
         "RegionFailoverSpec": {"to_region": "east"},
         "PurgeFilter": {"all": True},
         "SecretRotation": {"secret": "whsec_" + "A" * 43},
+        "ReplayFilter": {"all": True},
     }
     return bodies.get(getattr(endpoint.body, "__name__", ""), {})

@@ -237,7 +237,9 @@ async def test_replay_by_filter_replays_only_the_tenants_own_dead_letters(api: A
         headers=api.tenant(A),
     )
     assert by_b_schedule.json() == {"replayed": []}
-    everything = await api.client.post("/v1/dead-letters:replay", json={}, headers=api.tenant(A))
+    everything = await api.client.post(
+        "/v1/dead-letters:replay", json={"all": True}, headers=api.tenant(A)
+    )
     assert everything.json() == {"replayed": [world.dead[A]]}
     dead_b = await api.ledger.executions_get(world.dead[B])
     assert str(dead_b.execution.status) == "dead-letter"
@@ -265,7 +267,9 @@ async def test_admin_sees_and_changes_both_tenants(api: Api) -> None:
         assert read.status_code == 200
         detail = await api.client.get(f"/v1/executions/{world.dead[tenant]}", headers=api.admin)
         assert detail.status_code == 200
-    replayed = await api.client.post("/v1/dead-letters:replay", json={}, headers=api.admin)
+    replayed = await api.client.post(
+        "/v1/dead-letters:replay", json={"all": True}, headers=api.admin
+    )
     assert sorted(replayed.json()["replayed"]) == sorted(world.dead.values())
 
 

@@ -12,7 +12,8 @@ from starlette.routing import Mount, Route
 from engine.api.app import endpoints
 from engine.api.endpoint import Access
 from engine.api.openapi import openapi_document
-from tests.api.support import Api
+from engine.testing import ManualClock
+from tests.api.support import START, Api, fake_metrics, memory_ledger, serve
 
 _PLACEHOLDER = re.compile(r"{([a-z_]+)}")
 METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
@@ -125,23 +126,76 @@ async def test_every_operation_is_complete(document: dict[str, Any]) -> None:
         assert all(p["required"] for p in operation["parameters"] if p["in"] == "path"), where
         names = [(p["in"], p["name"]) for p in operation["parameters"]]
         assert len(names) == len(set(names)), where
-        success = [code for code in operation["responses"] if code.startswith("2")]
-        assert len(success) == 1, where
+        endpoint = {(e.method, e.path): e for e in endpoints()}[(method, path)]
+        answers = {str(status) for status, _ in ((endpoint.status, ""), *endpoint.also)}
+        assert {code for code in operation["responses"] if code.startswith("2")} <= answers
         for code, response in operation["responses"].items():
             assert response["description"], (where, code)
-            if not code.startswith("2"):
+            if code not in answers:
                 assert "application/problem+json" in response["content"], (where, code)
         if method in ("GET", "DELETE"):
             assert "requestBody" not in operation, where
 
 
-async def test_guarded_operations_declare_bearer_security(document: dict[str, Any]) -> None:
+@pytest.mark.parametrize("protected", [False, True], ids=["metrics-open", "metrics-protected"])
+async def test_guarded_operations_declare_bearer_security_as_configured(protected: bool) -> None:
+    """``/metrics`` is stated as the node serves it: open by default, admin-only (with the
+    401 and 403 that brings) on a node run with ``--metrics-protected``."""
+    clock = ManualClock(START)
+    async with serve(
+        memory_ledger(clock), clock, "memory", metrics_protected=protected, metrics=fake_metrics
+    ) as api:
+        document = (await api.client.get("/openapi.json")).json()
+        metrics = await api.client.get("/metrics")
+    assert metrics.status_code == (401 if protected else 200)
     open_paths = {e.path for e in endpoints() if e.access is Access.OPEN}
+    if not protected:
+        open_paths.add("/metrics")
     for method, path, operation in operations(document):
         if path in open_paths:
             assert "security" not in operation, (method, path)
+            assert not {"401", "403", "429"} & set(operation["responses"]), (method, path)
         else:
             assert operation["security"] == [{"bearer": []}], (method, path)
+            assert {"401", "429"} <= set(operation["responses"]), (method, path)
+    assert ("403" in document["paths"]["/metrics"]["get"]["responses"]) is protected
+
+
+async def test_put_documents_201_when_it_creates_and_200_when_it_replaces(
+    memory_api: Api, document: dict[str, Any]
+) -> None:
+    responses = document["paths"]["/v1/schedules/{schedule_id}"]["put"]["responses"]
+    body = {"cron_expr": "*/5 * * * *", "task_type": "noop"}
+    created = await memory_api.client.put("/v1/schedules/p1", json=body, headers=memory_api.admin)
+    replaced = await memory_api.client.put(
+        "/v1/schedules/p1", json={**body, "enabled": False}, headers=memory_api.admin
+    )
+    assert (created.status_code, replaced.status_code) == (201, 200)
+    for response in (responses["201"], responses["200"]):
+        assert response["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/Schedule"
+        }
+
+
+async def test_readyz_documents_its_503_as_the_health_it_answers(
+    document: dict[str, Any],
+) -> None:
+    responses = document["paths"]["/readyz"]["get"]["responses"]
+    assert set(responses) == {"200", "503"}
+    assert responses["503"]["content"] == responses["200"]["content"]
+
+
+async def test_if_match_and_412_are_documented_only_where_routes_honour_them(
+    document: dict[str, Any],
+) -> None:
+    with_412 = {
+        (method, path) for method, path, op in operations(document) if "412" in op["responses"]
+    }
+    assert with_412 == {
+        ("PUT", "/v1/schedules/{schedule_id}"),
+        ("PATCH", "/v1/schedules/{schedule_id}"),
+        ("DELETE", "/v1/schedules/{schedule_id}"),
+    }
 
 
 async def test_document_covers_exactly_the_apps_routes(

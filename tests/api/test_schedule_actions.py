@@ -417,6 +417,31 @@ async def test_preview_count_bounds_are_inclusive(memory_api: Api, count: int) -
 
 
 @pytest.mark.parametrize(
+    ("cron_expr", "after", "expected"),
+    [
+        ("0 0 1 1 *", "2026-03-02T00:00:00Z", 6973),  # 2027 .. 8999, then no more
+        ("0 0 1 1 *", "8999-12-31T23:59:59Z", 0),
+        ("0 0 29 2 *", "8980-01-01T00:00:00Z", 5),  # 8980, 8984, 8988, 8992, 8996
+    ],
+)
+async def test_preview_stops_before_year_9000_instead_of_failing(
+    memory_api: Api, cron_expr: str, after: str, expected: int
+) -> None:
+    """Instants end at year 9000 in the API: a preview lists the fires before it, fewer
+    than asked for when there are fewer."""
+    await memory_api.create_schedule("far", cron_expr=cron_expr)
+    response = await memory_api.client.get(
+        "/v1/schedules/far/preview",
+        params={"count": "10000", "after": after},
+        headers=memory_api.admin,
+    )
+    assert response.status_code == 200, response.text
+    fires = response.json()["fires"]
+    assert len(fires) == expected
+    assert all(fire["planned_at"] < "9000" for fire in fires)
+
+
+@pytest.mark.parametrize(
     "query",
     [
         "count=0",
@@ -436,3 +461,19 @@ async def test_preview_with_a_bad_query_gets_422(memory_api: Api, query: str) ->
         f"/v1/schedules/previewed/preview?{query}", headers=memory_api.admin
     )
     assert_problem(response, 422, "invalid-field")
+
+
+@pytest.mark.parametrize(
+    ("reason", "says"),
+    [("   ", "must not be blank"), ("x" * 1001, "at most 1000"), ("bell\u0007", "printable")],
+)
+@pytest.mark.parametrize("action", ["pause", "resume", "trigger"])
+async def test_a_bad_reason_is_refused_alike_on_every_action_saying_how_to_fix_it(
+    memory_api: Api, action: str, reason: str, says: str
+) -> None:
+    await memory_api.create_schedule("reasoned")
+    response = await memory_api.client.post(
+        f"/v1/schedules/reasoned:{action}", json={"reason": reason}, headers=memory_api.admin
+    )
+    problem = assert_problem(response, 422, "invalid-field")
+    assert says in problem["detail"]

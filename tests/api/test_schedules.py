@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from engine.api.endpoint import BODY_BYTES_MAX
 from engine.errors import NotFound
 from engine.ledger.base import SCHEDULE_DELETED, ExecutionsQuery
 from engine.model import PAYLOAD_BYTES_MAX, ExecutionStatus
@@ -158,7 +159,7 @@ async def test_every_invalid_create_and_put_gets_422_on_every_ledger(api: Api) -
 async def test_payload_over_the_body_limit_gets_413_not_5xx(memory_api: Api) -> None:
     response = await memory_api.client.post(
         "/v1/schedules",
-        json=spec(payload={"blob": "x" * (2 * PAYLOAD_BYTES_MAX + 1)}),
+        json=spec(payload={"blob": "x" * (BODY_BYTES_MAX + 1)}),
         headers=memory_api.admin,
     )
     assert_problem(response, 413, "payload-too-large")

@@ -114,7 +114,8 @@ async def test_429_is_retried_once_after_retry_after_then_fails_with_the_detail(
         result = await cli("schedule", "list")
         assert (result.code, result.out) == (1, "")
         assert result.err == (
-            "carillon: error: this token's request rate is exhausted; retry in 1 s\n"
+            "carillon: error: this token's requests are limited to 1/s with a burst of 1; "
+            "that rate is exhausted; retry in 1 s\n"
         )
         assert waits == [1, 1]
 

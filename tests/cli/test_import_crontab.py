@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from engine.ledger.base import SchedulesList
@@ -175,3 +176,18 @@ async def test_bad_input_is_exit_2(cli: Cli, crontab: Path, args: list[str], mes
     assert (result.code, result.out) == (2, "")
     assert result.err.count("\n") == 1
     assert message in result.err
+
+
+async def test_an_entry_whose_payload_is_at_the_limit_in_non_ascii_text_imports(
+    api: Api, cli: Cli, tmp_path: Path
+) -> None:
+    """The parser admits a payload up to 64 KiB of UTF-8; the CLI escapes non-ASCII text
+    (three times the bytes for ``é``), and the API's body limit must still take it."""
+    env = "".join(f"GREETING_{n}={'é' * 4000}\n" for n in range(8))
+    path = tmp_path / "crontab"
+    path.write_text(env + "0 4 * * * /usr/local/bin/greet\n")
+    result = await cli("import-crontab", str(path), *TARGET)
+    assert (result.code, result.err) == (0, ""), result.out
+    assert result.out.endswith("1 created, 0 updated, 0 unchanged, 0 failed; 0 lines rejected\n")
+    [schedule] = (await api.ledger.schedules_list(SchedulesList())).items
+    assert len(msgspec.json.encode(schedule.payload)) > 64_000

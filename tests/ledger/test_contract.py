@@ -216,6 +216,12 @@ async def test_get_many_returns_the_live_schedules_by_id(backend: Backend) -> No
         await backend.ledger.schedules_get_many([f"s{n}" for n in range(PAGE_SIZE_MAX + 1)])
 
 
+async def test_a_schedule_id_with_a_trailing_line_break_is_refused(backend: Backend) -> None:
+    with pytest.raises(InvalidField, match="is invalid"):
+        await backend.ledger.schedules_create(SchedulesCreate([schedule("s-newline\n")]))
+    assert (await backend.ledger.schedules_list(SchedulesList())).items == []
+
+
 async def test_payload_at_the_limit_is_stored_and_over_it_refused(backend: Backend) -> None:
     overhead = len(b'{"blob":""}')
     at_limit = {"blob": "x" * (PAYLOAD_BYTES_MAX - overhead)}
