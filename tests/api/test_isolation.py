@@ -296,3 +296,32 @@ async def test_another_tenants_task_type_answers_exactly_like_a_missing_one(api:
     # B's own schedules may use them; A's schedule count is unchanged.
     await api.create_schedule("b-user", tenant_id=B, task_type="b-hook")
     assert await api.ledger.schedules_count(A) == 0
+
+
+async def test_task_type_routes_answer_a_tenant_token_alike_for_any_name(api: Api) -> None:
+    """Task types are an admin's: a tenant token gets the same 403 for another tenant's task
+    type, a shared one, and a name that does not exist, so it learns nothing from them."""
+    put = await api.client.put(
+        "/v1/task-types/b-owned", json={"kind": "noop", "tenant_id": B}, headers=api.admin
+    )
+    assert put.status_code == 200, put.text
+    secret = {"secret": "whsec_" + "A" * 43}
+    for method, path, body in (
+        ("GET", "/v1/task-types/{name}", None),
+        ("PUT", "/v1/task-types/{name}", {"kind": "noop", "tenant_id": A}),
+        ("DELETE", "/v1/task-types/{name}", None),
+        ("POST", "/v1/task-types/{name}:rotate-secret", secret),
+    ):
+        answers = [
+            comparable(
+                await api.client.request(
+                    method, path.format(name=name), json=body, headers=api.tenant(A)
+                ),
+                [name],
+            )
+            for name in ("b-owned", "zzzzzzz")
+        ]
+        assert answers[0] == answers[1]
+        assert answers[0][0] == 403
+    stored = await api.ledger.task_types_get("b-owned")
+    assert (stored.tenant_id, stored.version) == (B, 1)
