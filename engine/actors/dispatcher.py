@@ -48,6 +48,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -218,6 +219,12 @@ class Dispatcher:
         self._release_limits = self._limits_released
         self._release_dispatching = self._dispatched
         self._release_in_flight = self._settled
+        self._popped_hold: dict[str, Callable[[Attempt], object]] = {
+            LIMITS: self._release_limits,
+            DISPATCHING: self._release_dispatching,
+        }
+        """What a popped attempt holds beyond its room (the fair queue reserved its
+        tenant's and task type's slots; it is kept out of fetches until claimed)."""
 
     def _limits_released(self, attempt: Attempt) -> None:
         execution = attempt.execution
@@ -405,16 +412,12 @@ class Dispatcher:
         self._waits_for_token = short_of_tokens and len(popped) == wanted
         if popped and self._bucket is not None and not self._bucket.take(now_mono, len(popped)):
             raise AssertionError("the token bucket refused what it said it would admit")
-        attempts = []
-        for execution in popped:
-            attempt = self._room.admit(execution)
-            attempt.hold(LIMITS, self._release_limits)
-            # Popped but still startable in the ledger: a fetch meanwhile must not queue it
-            # again (a second copy would meet its own hold or run as an overlap).
-            self._dispatching.add(execution.execution_id)
-            attempt.hold(DISPATCHING, self._release_dispatching)
-            attempts.append(attempt)
-        return attempts
+        if not popped:
+            return []
+        # Popped but still startable in the ledger: a fetch meanwhile must not queue them
+        # again (a second copy would meet its own hold or run as an overlap).
+        self._dispatching.update([execution.execution_id for execution in popped])
+        return self._room.admit_each(popped, self._popped_hold)
 
     def _tokens_now(self, now_mono: float) -> int:
         """How many starts the token bucket admits at once now: a pacing tick's worth, so a
@@ -470,10 +473,9 @@ class Dispatcher:
             if owned is not None and not owned.draining:
                 fences[owned.fence.partition_id] = owned.fence
         wanted = [a for a in attempts if a.partition_id in fences]
-        for attempt in wanted:
-            # In flight from now (a hand-back of the partition waits for it) until closed.
-            self._table.attempts_started(attempt.partition_id)
-            attempt.hold(IN_FLIGHT, self._release_in_flight)
+        # In flight from now (a hand-back of the partition waits for it) until closed.
+        self._table.attempts_started_each([attempt.partition_id for attempt in wanted])
+        Attempt.hold_each(wanted, IN_FLIGHT, self._release_in_flight)
         lease_s = self.config.attempt_lease_s
         sent_at = [self._clock.monotonic()]
 
