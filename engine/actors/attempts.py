@@ -62,7 +62,9 @@ class Attempt(AttemptTicket[Execution]):
     def __init__(
         self, execution: Execution, held: Mapping[str, Callable[[Attempt], object]] | None = None
     ) -> None:
-        super().__init__(execution, held)
+        # AttemptTicket.__init__ written out: one call fewer per attempt.
+        self.item = execution
+        self._held = {} if held is None else dict(held)
         self.partition_id = execution.partition_id or 0
         self.claimed = False
         """The ledger has it running under this node's attempt (set by the claim)."""

@@ -226,12 +226,14 @@ class Dispatcher:
         """What a popped attempt holds beyond its room (the fair queue reserved its
         tenant's and task type's slots; it is kept out of fetches until claimed)."""
 
+    # The release functions run once per attempt: they read ``attempt.item`` (the execution)
+    # rather than the ``execution`` property, a call fewer each.
     def _limits_released(self, attempt: Attempt) -> None:
-        execution = attempt.execution
+        execution = attempt.item
         self._limits.finished(execution.tenant_id, execution.task_type)
 
     def _dispatched(self, attempt: Attempt) -> None:
-        self._dispatching.discard(attempt.execution.execution_id)
+        self._dispatching.discard(attempt.item.execution_id)
 
     def _settled(self, attempt: Attempt) -> None:
         self._table.attempts_settled(attempt.partition_id)
@@ -450,10 +452,12 @@ class Dispatcher:
     ) -> None:
         """Claim ``attempts`` and send the claimed ones to the workers. Each attempt is
         either sent (the workers own it from then on) or closed here, whatever happens."""
+        sent: set[Attempt] = set()
         try:
             for attempt in await self._claim(attempts):
                 attempt.release(DISPATCHING)  # running in the ledger: no fetch returns it
                 claimed.send_nowait(attempt)  # sized for every slot: never full
+                sent.add(attempt)
         except Exception as exc:
             # Not worth the pipeline: the executions stay queued in the ledger (or running
             # there under an attempt lease that runs out) and a later fetch finds them.
@@ -461,7 +465,7 @@ class Dispatcher:
             log.error("claiming %d executions failed", len(attempts), exc_info=exc)
         finally:
             for attempt in attempts:
-                if attempt.holds(DISPATCHING):  # not claimed, or never sent
+                if attempt not in sent:  # not claimed, or never sent
                     attempt.close()
 
     async def _claim(self, attempts: list[Attempt]) -> list[Attempt]:
@@ -482,7 +486,7 @@ class Dispatcher:
         async def claim(fences: list[Fence], attempts: list[Attempt]) -> list[Execution]:
             sent_at[0] = self._clock.monotonic()
             params = ExecutionsClaim(
-                fences, [a.execution.execution_id for a in attempts], lease_s, self.config.node_id
+                fences, [a.item.execution_id for a in attempts], lease_s, self.config.node_id
             )
             return await self._ledger.executions_claim(params)
 
@@ -490,7 +494,7 @@ class Dispatcher:
             fences, wanted, _partition_of, claim, rng=self._rng, log=log,
             what="claim executions",
         )  # fmt: skip
-        by_id = {attempt.execution.execution_id: attempt for attempt in wanted}
+        by_id = {attempt.item.execution_id: attempt for attempt in wanted}
         claimed: list[Attempt] = []
         for execution in result or ():
             got = by_id.get(execution.execution_id)

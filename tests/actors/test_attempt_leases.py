@@ -8,8 +8,8 @@ import trio
 import trio.testing
 
 from engine.core.hashing import partition_of
-from engine.ledger.base import ExecutionsExtend, TaskTypesPut
-from engine.model import Execution, ExecutionStatus, HandlerKind, TaskType
+from engine.ledger.base import ExecutionsExtend, SchedulesCreate, TaskTypesPut
+from engine.model import Execution, ExecutionStatus, HandlerKind, Schedule, TaskType
 from tests.actors import probe_handlers
 from tests.actors.harness import (
     PARTITIONS,
@@ -135,6 +135,12 @@ async def test_a_claimed_execution_never_starts_once_its_attempt_lease_may_have_
                 await trio.sleep(1)
 
         async def run(key: str, claimed_s_ago: float) -> None:
+            # Its schedule exists (an execution of a deleted one never starts), and fires
+            # only next year: the planner adds no run of its own.
+            yearly = Schedule(
+                schedule_id=key, tenant_id="t", cron_expr="0 0 1 1 *", task_type="probe"
+            )
+            await c.ledger.schedules_create(SchedulesCreate([yearly]))
             partition = partition_of(key, PARTITIONS)  # as the ledger places it
             owned = node.table.get(partition)
             assert owned is not None

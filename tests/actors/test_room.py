@@ -52,6 +52,7 @@ def test_a_popped_batch_is_admitted_as_one_attempt_each_holding_its_resources_in
     attempts[0].release(DISPATCHING)  # claimed
     attempts[0].run_ended()
     assert attempts[0].held == (OPEN,)
+    assert attempts[1].held == (OPEN, SLOT, LIMITS, DISPATCHING)  # each holds its own
     for attempt in attempts:
         attempt.close()
         attempt.close()
