@@ -51,7 +51,7 @@ import logging
 import random
 import traceback
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeGuard, TypeVar
 
 import msgspec
 import trio
@@ -246,7 +246,7 @@ class WorkerPool:
     async def _execute(self, attempt: Attempt) -> bool:
         """Run one attempt; whether it has a completion to write (an abandoned attempt has
         none)."""
-        execution = attempt.execution
+        execution = attempt.item  # the execution (once per attempt: no property call)
         policy = _SETUP_FAILED_POLICY
         run_started: float | None = None
         timeout_s = 0.0
@@ -277,9 +277,9 @@ class WorkerPool:
                 # Gone, as cached (up to ttl_s ago): ask the ledger before skipping it.
                 refresh = functools.partial(self._schedules.refresh, execution.schedule_id)
                 schedule = await self._read(refresh)
-            if schedule is None or not _runs_under(schedule, execution):
-                attempt.completion = self._schedule_gone(attempt)
-                return True
+                if not _runs_under(schedule, execution):
+                    attempt.completion = self._schedule_gone(attempt)
+                    return True
             context = ExecutionContext(
                 execution_id=execution.execution_id,
                 schedule_id=execution.schedule_id,
@@ -396,7 +396,7 @@ class WorkerPool:
     def _complete(
         self, attempt: Attempt, result: HandlerResult, policy: RetryPolicy, ran_s: float
     ) -> Completion:
-        execution = attempt.execution
+        execution = attempt.item
         if result.kind is OutcomeKind.SUCCEEDED:
             decision = _SUCCEEDED  # what decide() says of a success, without reading the clock
         else:
@@ -496,7 +496,7 @@ class WorkerPool:
             attempt.scope.cancel()
 
 
-def _runs_under(schedule: Schedule | None, execution: Execution) -> bool:
+def _runs_under(schedule: Schedule | None, execution: Execution) -> TypeGuard[Schedule]:
     """Whether ``execution`` may run with ``schedule``'s payload: its schedule exists, and
     is still of the execution's tenant (a deleted id may be created again)."""
     return schedule is not None and schedule.tenant_id == execution.tenant_id

@@ -29,7 +29,7 @@ Invariants (property-tested in ``tests/core/test_admission.py``):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Generic, Self, TypeVar
 
 T = TypeVar("T")
@@ -45,9 +45,12 @@ database round trip, not one claim per finished execution."""
 
 
 class HandoffSizer:
-    """The pipeline's capacity from how fast handlers finish (see the module docstring)."""
+    """The pipeline's capacity from how fast handlers finish (see the module docstring).
 
-    __slots__ = ("_duration_s", "handoff_max", "handoff_wait_s", "workers")
+    ``workers``, ``handoff_max`` and ``handoff_wait_s`` are fixed when it is made: the capacity
+    is worked out again only when a duration is observed."""
+
+    __slots__ = ("_capacity", "_duration_s", "handoff_max", "handoff_wait_s", "workers")
 
     def __init__(self, workers: int, handoff_max: int, handoff_wait_s: float) -> None:
         if workers < 1 or handoff_max < 0 or handoff_wait_s < 0:
@@ -56,6 +59,7 @@ class HandoffSizer:
         self.handoff_max = max(handoff_max, workers)
         self.handoff_wait_s = handoff_wait_s
         self._duration_s = DURATION_S_INITIAL
+        self._capacity = capacity_for(workers, self.handoff_max, handoff_wait_s, DURATION_S_INITIAL)
 
     @property
     def duration_s(self) -> float:
@@ -66,21 +70,47 @@ class HandoffSizer:
     def capacity(self) -> int:
         """Claimed attempts held at most now: one running per worker, and as many waiting as
         the workers are expected to start within ``handoff_wait_s`` (at least one each, at
-        most ``handoff_max``)."""
-        workers = self.workers
-        expected = workers * self.handoff_wait_s / max(self._duration_s, 1e-6)
-        return workers + int(min(max(expected, workers), self.handoff_max))
+        most ``handoff_max``); :func:`capacity_for` the moving average."""
+        return self._capacity
 
     @property
     def capacity_max(self) -> int:
         """The most :attr:`capacity` can ever be (a channel sized so never blocks)."""
         return self.workers + self.handoff_max
 
-    def observe(self, duration_s: float, timeout_s: float) -> None:
+    def observe(self, duration_s: float, timeout_s: float) -> int:
         """A handler ran ``duration_s`` (from its start, not from its hand-off); clamped to
-        ``[0, timeout_s]``, so a frozen process cannot poison the average."""
-        clamped = min(max(duration_s, 0.0), max(timeout_s, 0.0))
-        self._duration_s += DURATION_SMOOTHING * (clamped - self._duration_s)
+        ``[0, timeout_s]``, so a frozen process cannot poison the average. Returns the
+        capacity now.
+
+        Called once per execution, so it is written out without a call beyond itself (no
+        ``min``/``max``, no property): :func:`capacity_for` in line, which a property test
+        holds it to."""
+        if timeout_s < 0.0:
+            timeout_s = 0.0
+        clamped = duration_s if duration_s < timeout_s else timeout_s
+        if clamped < 0.0:
+            clamped = 0.0
+        average = self._duration_s = self._duration_s + DURATION_SMOOTHING * (
+            clamped - self._duration_s
+        )
+        workers = self.workers
+        expected = workers * self.handoff_wait_s / (average if average > 1e-6 else 1e-6)
+        if expected < workers:
+            expected = workers
+        handoff_max = self.handoff_max
+        capacity = self._capacity = workers + int(
+            expected if expected < handoff_max else handoff_max
+        )
+        return capacity
+
+
+def capacity_for(workers: int, handoff_max: int, handoff_wait_s: float, duration_s: float) -> int:
+    """The capacity of a pipeline whose handlers take ``duration_s`` on average: ``workers``
+    running, and a hand-off of what they are expected to start within ``handoff_wait_s``
+    (at least one each, at most ``handoff_max``)."""
+    expected = workers * handoff_wait_s / max(duration_s, 1e-6)
+    return workers + int(min(max(expected, workers), handoff_max))
 
 
 def claim_size(*, capacity: int, in_flight: int, batch_max: int) -> int:
@@ -127,15 +157,29 @@ class AttemptTicket(Generic[T]):
 
     __slots__ = ("_held", "item")
 
-    def __init__(self, item: T) -> None:
+    def __init__(self, item: T, held: Mapping[str, Callable[[Self], object]] | None = None) -> None:
+        """A ticket for ``item``, holding at once what ``held`` names (as :meth:`hold` would,
+        in its order): a stage that takes several resources for every ticket it makes
+        builds that mapping once."""
         self.item = item
-        self._held: dict[str, Callable[[Any], object]] = {}
+        self._held: dict[str, Callable[[Any], object]] = {} if held is None else dict(held)
 
     def hold(self, resource: str, release: Callable[[Self], object]) -> None:
         """Record that ``resource`` is held; ``release(ticket)`` gives it back."""
         if resource in self._held:
             raise ValueError(f"resource {resource!r} is held already")
         self._held[resource] = release
+
+    @staticmethod
+    def hold_each(
+        tickets: Iterable[AttemptTicket[Any]], resource: str, release: Callable[[Any], object]
+    ) -> None:
+        """:meth:`hold` ``resource`` on every ticket of a batch, in one call."""
+        for ticket in tickets:
+            held = ticket._held
+            if resource in held:
+                raise ValueError(f"resource {resource!r} is held already")
+            held[resource] = release
 
     def holds(self, resource: str) -> bool:
         return resource in self._held
@@ -159,13 +203,15 @@ class AttemptTicket(Generic[T]):
 
     def close(self) -> None:
         """Give back every resource still held, the last taken first."""
-        failed: list[BaseException] = []
+        failed: list[BaseException] | None = None  # a list only when one fails
         held = self._held
         while held:
             _, release = held.popitem()  # the last taken (dicts keep their order)
             try:
                 release(self)
             except Exception as error:  # the others must still be released
+                if failed is None:
+                    failed = []
                 failed.append(error)
         if failed:
             raise TicketReleaseError(

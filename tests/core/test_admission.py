@@ -14,6 +14,7 @@ from engine.core.admission import (
     AttemptTicket,
     HandoffSizer,
     TicketReleaseError,
+    capacity_for,
     claim_size,
     claim_threshold,
 )
@@ -71,6 +72,36 @@ def test_capacity_stays_between_twice_the_workers_and_its_maximum(
         sizer.observe(duration_s, timeout_s)
         assert 0.0 <= sizer.duration_s <= max(1.0, max(t for _, t in durations))
         assert 2 * workers <= sizer.capacity <= sizer.capacity_max
+
+
+@given(
+    workers=st.integers(1, 2_000),
+    handoff_max=st.integers(0, 5_000),
+    handoff_wait_s=st.floats(0.0, 60.0),
+    durations=st.lists(
+        st.tuples(st.floats(-10, 1e9, allow_nan=False), st.floats(-1.0, 86_400)), max_size=200
+    ),
+)
+def test_the_capacity_is_always_that_of_the_moving_average(
+    workers: int,
+    handoff_max: int,
+    handoff_wait_s: float,
+    durations: list[tuple[float, float]],
+) -> None:
+    """observe() works the capacity out in line, once per execution; it is exactly what the
+    formula says of the average it leaves, and what it returns."""
+    sizer = HandoffSizer(workers, handoff_max, handoff_wait_s)
+    assert sizer.capacity == capacity_for(
+        workers, sizer.handoff_max, handoff_wait_s, sizer.duration_s
+    )
+    average = sizer.duration_s
+    for duration_s, timeout_s in durations:
+        returned = sizer.observe(duration_s, timeout_s)
+        clamped = min(max(duration_s, 0.0), max(timeout_s, 0.0))
+        average += 0.05 * (clamped - average)
+        assert sizer.duration_s == average
+        assert returned == sizer.capacity
+        assert sizer.capacity == capacity_for(workers, sizer.handoff_max, handoff_wait_s, average)
 
 
 def test_a_freeze_adds_at_most_one_timeout_to_the_average() -> None:
@@ -162,3 +193,30 @@ def test_close_gives_back_the_last_taken_first() -> None:
         ticket.hold(name, lambda _, name=name: order.append(name))
     ticket.close()
     assert order == ["limits", "slot", "open"]
+
+
+def test_a_ticket_made_holding_resources_holds_them_as_if_taken_in_that_order() -> None:
+    order: list[str] = []
+    taken = {name: (lambda _, name=name: order.append(name)) for name in ("open", "slot")}
+    ticket = AttemptTicket("execution", taken)
+    ticket.hold("limits", lambda _: order.append("limits"))
+    assert ticket.held == ("open", "slot", "limits")
+    with pytest.raises(ValueError, match="held already"):
+        ticket.hold("slot", lambda _: None)
+    assert ticket.release("slot")
+    ticket.close()
+    assert order == ["slot", "limits", "open"]
+    assert taken.keys() == {"open", "slot"}  # the mapping it was made from is its own
+
+
+def test_hold_each_holds_a_resource_on_every_ticket_of_a_batch_once() -> None:
+    released: list[str] = []
+    tickets = [AttemptTicket(f"execution-{n}") for n in range(3)]
+    AttemptTicket.hold_each(tickets, "in_flight", lambda ticket: released.append(ticket.item))
+    assert [ticket.held for ticket in tickets] == [("in_flight",)] * 3
+    with pytest.raises(ValueError, match="held already"):
+        AttemptTicket.hold_each(tickets[2:], "in_flight", lambda _: None)
+    for ticket in tickets:
+        ticket.close()
+        ticket.close()
+    assert released == ["execution-0", "execution-1", "execution-2"]
