@@ -167,24 +167,22 @@ def trigger_instants(now: datetime) -> Iterator[datetime]:
         at += timedelta(microseconds=1)
 
 
+def _check_digest(value: bytes, name: str, of: str) -> bytes:
+    """``value`` if it is :data:`TOKEN_HASH_BYTES` bytes: a SHA-256 digest of ``of``."""
+    if not isinstance(value, bytes) or len(value) != TOKEN_HASH_BYTES:
+        size = len(value) if isinstance(value, bytes) else type(value).__name__
+        raise InvalidField(f"a {name} is the {TOKEN_HASH_BYTES}-byte SHA-256 of {of}, got {size}")
+    return value
+
+
 def check_token_hash(token_hash: bytes) -> bytes:
     """``token_hash`` if it is :data:`TOKEN_HASH_BYTES` bytes (a SHA-256 digest)."""
-    if not isinstance(token_hash, bytes) or len(token_hash) != TOKEN_HASH_BYTES:
-        size = len(token_hash) if isinstance(token_hash, bytes) else type(token_hash).__name__
-        raise InvalidField(
-            f"a token hash is the {TOKEN_HASH_BYTES}-byte SHA-256 of the secret, got {size}"
-        )
-    return token_hash
+    return _check_digest(token_hash, "token hash", "the secret")
 
 
 def check_session_hash(session_hash: bytes) -> bytes:
     """``session_hash`` if it is :data:`TOKEN_HASH_BYTES` bytes (a SHA-256 digest)."""
-    if not isinstance(session_hash, bytes) or len(session_hash) != TOKEN_HASH_BYTES:
-        size = len(session_hash) if isinstance(session_hash, bytes) else type(session_hash).__name__
-        raise InvalidField(
-            f"a session hash is the {TOKEN_HASH_BYTES}-byte SHA-256 of the session id, got {size}"
-        )
-    return session_hash
+    return _check_digest(session_hash, "session hash", "the session id")
 
 
 def check_sessions_create(params: SessionsCreate) -> SessionsCreate:

@@ -13,6 +13,7 @@ change feed, so a reader may page with the last ``event_id`` it saw as a waterma
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from engine.ledger.base import (
@@ -31,30 +32,40 @@ from engine.model import AuditAction, AuditEvent, validate_actor, validate_reaso
 
 
 async def dead_letters_replay(store: Store, params: DeadLettersReplay) -> list[str]:
-    check_batch(params.execution_ids, BATCH_ROWS_MAX, what="execution ids")
-    actor = validate_actor(params.actor)
-    reason = validate_reason(params.reason)
-    ids = unique(params.execution_ids)
-    if not ids:
-        return []
-    async with store.transaction() as connection:
-        rows = await connection.fetch(sql_executions.DEAD_LETTERS_REPLAY, ids)
-        if not rows:
-            return []
-        by_id = {row["execution_id"]: row for row in rows}
-        replayed = [value for value in ids if value in by_id]
-        details = [
-            replay_audit_details(reason, by_id[key]["attempt"], by_id[key]["error_code"])
-            for key in replayed
-        ]
-        await connection.execute(sql.AUDIT_LOCK)
-        await connection.execute(
-            sql.AUDIT_APPEND, actor, AuditAction.DEAD_LETTER_REPLAY.value, replayed, details
-        )
-    return replayed
+    return await _dead_letters_each(
+        store,
+        params,
+        sql_executions.DEAD_LETTERS_REPLAY,
+        AuditAction.DEAD_LETTER_REPLAY,
+        lambda reason, row: replay_audit_details(reason, row["attempt"], row["error_code"]),
+    )
 
 
 async def dead_letters_purge(store: Store, params: DeadLettersPurge) -> list[str]:
+    return await _dead_letters_each(
+        store,
+        params,
+        sql_executions.DEAD_LETTERS_PURGE_SELECT,
+        AuditAction.DEAD_LETTER_PURGE,
+        lambda reason, row: dead_letter_purge_details(
+            reason, row["attempt"], row["error_code"], row["schedule_id"]
+        ),
+        then=sql.EXECUTIONS_DELETE,
+    )
+
+
+async def _dead_letters_each(
+    store: Store,
+    params: DeadLettersReplay | DeadLettersPurge,
+    select: str,
+    action: AuditAction,
+    details_of: Callable[[str | None, Any], dict[str, Any]],
+    *,
+    then: str | None = None,
+) -> list[str]:
+    """Act on the dead letters among ``params.execution_ids`` that ``select`` locks and
+    returns (and changes), ``then`` run over their ids, each audited as ``action``: the ids
+    acted on, in the order asked."""
     check_batch(params.execution_ids, BATCH_ROWS_MAX, what="execution ids")
     actor = validate_actor(params.actor)
     reason = validate_reason(params.reason)
@@ -62,23 +73,17 @@ async def dead_letters_purge(store: Store, params: DeadLettersPurge) -> list[str
     if not ids:
         return []
     async with store.transaction() as connection:
-        rows = await connection.fetch(sql_executions.DEAD_LETTERS_PURGE_SELECT, ids)
+        rows = await connection.fetch(select, ids)
         if not rows:
             return []
         by_id = {row["execution_id"]: row for row in rows}
-        purged = [value for value in ids if value in by_id]
-        await connection.fetchval(sql.EXECUTIONS_DELETE, purged)
-        details = [
-            dead_letter_purge_details(
-                reason, by_id[key]["attempt"], by_id[key]["error_code"], by_id[key]["schedule_id"]
-            )
-            for key in purged
-        ]
+        done = [value for value in ids if value in by_id]
+        if then is not None:
+            await connection.fetchval(then, done)
+        details = [details_of(reason, by_id[key]) for key in done]
         await connection.execute(sql.AUDIT_LOCK)
-        await connection.execute(
-            sql.AUDIT_APPEND, actor, AuditAction.DEAD_LETTER_PURGE.value, purged, details
-        )
-    return purged
+        await connection.execute(sql.AUDIT_APPEND, actor, action.value, done, details)
+    return done
 
 
 async def audit_list(store: Store, params: AuditQuery) -> list[AuditEvent]:
