@@ -15,7 +15,7 @@ REVS ?= HEAD~1 HEAD
 ROUNDS ?= 3
 
 .DEFAULT_GOAL := help
-.PHONY: help install test unit lint typecheck fmt run bench bench-peer bench-profile bench-compare clean chromium console-screenshots chaos chaos-quick gameday sim-long
+.PHONY: help install test unit lint typecheck fmt run bench bench-peer bench-profile bench-compare bench-instructions clean chromium console-screenshots chaos chaos-quick gameday sim-long
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -91,6 +91,9 @@ bench-profile: $(STAMP) ## py-spy flame graph of a one-node burst -> docs/img/be
 
 bench-compare: $(STAMP) ## Revisions' bursts side by side, alternating (REVS="a b", . = working tree; ROUNDS=3)
 	$(BIN)/python benchmarks/compare.py --rounds $(ROUNDS) $(REVS)
+
+bench-instructions: $(STAMP) ## Revisions' instructions per execution under valgrind (REVS="a b"; exact on a busy machine)
+	$(BIN)/python benchmarks/compare.py --rounds 1 --instructions 3000,9000 $(REVS)
 
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

@@ -9,12 +9,22 @@ for each revision its runs, their median, and the median of its per-round ratio 
 revision: the figure to quote.
 
 Usage: python benchmarks/compare.py [--rounds N] [--schedules N] [--workers W] [--no-docs]
-                                    REVISION REVISION [...]
+                                    [--instructions SMALL,LARGE] REVISION REVISION [...]
 
 A revision is anything ``git rev-parse`` takes, or ``.`` for the working tree as it is
 (uncommitted changes included). Runs are ``bench_burst --runs 1 --workers W --rate 0
 --nodes "" --no-ceiling --no-docs``; unless ``--no-docs``, the table replaces the
 ``bench_compare`` section of ``docs/benchmarks.md``. ``make bench-compare REVS="a b"``.
+
+**Instructions instead of time** (``--instructions SMALL,LARGE``, ``make bench-instructions``):
+on a machine shared with others even ABBA rounds scatter by 10-20 % (CPU steal, frequency), more
+than a change of a few microseconds an execution. Instructions do not: each revision's burst
+runs under ``valgrind --tool=cachegrind`` at SMALL and at LARGE schedules, and the instructions
+the node process (node, bridge, the benchmark's own setup and poller) executed per execution is
+the difference of the two counts over the difference of the sizes -- the set-up both runs share
+(imports, database creation, the node's start) cancels out. One round by default: the count
+is exact, though a run's batching still depends a little on timing (a second round shows how
+much). PostgreSQL's instructions are not counted (its processes are not under valgrind).
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -38,6 +49,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._report import ROOT, machine, write_section
 
 RUN_TIMEOUT_S: Final = 900.0
+INSTRUCTION_SIZES_DEFAULT: Final = "3000,9000"
+"""Schedules of the two counted bursts: about 2 and 4 minutes under valgrind on 2 cores."""
+_INSTRUCTIONS = re.compile(r"I\s+refs:\s+(?P<count>[\d,]+)")
 """One burst run, schedules created to figures read: about 2 minutes at 200,000."""
 FIGURES: Final = {
     "executions/s end to end": "rate",
@@ -136,12 +150,19 @@ def burst_command(schedules: int, workers: int) -> list[str]:
     ]
 
 
-def run_in(tree: Path, command: Sequence[str]) -> dict[str, float]:
-    """One run of ``command`` (a script and its arguments) with ``tree``'s code."""
+def run_in(tree: Path, command: Sequence[str], *, wrapper: Sequence[str] = ()) -> dict[str, float]:
+    """One run of ``command`` (a script and its arguments) with ``tree``'s code, under
+    ``wrapper`` (e.g. valgrind) when given."""
+    return parse_figures(_run(tree, command, wrapper).stdout)
+
+
+def _run(
+    tree: Path, command: Sequence[str], wrapper: Sequence[str]
+) -> subprocess.CompletedProcess[str]:
     env = os.environ | {"PYTHONPATH": str(tree)}
     try:
         done = subprocess.run(
-            [sys.executable, *command],
+            [*wrapper, sys.executable, *command],
             cwd=tree,
             env=env,
             capture_output=True,
@@ -154,7 +175,37 @@ def run_in(tree: Path, command: Sequence[str]) -> dict[str, float]:
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-5:])
         raise CompareError(f"{tree.name}: the benchmark exited {done.returncode}:\n{tail}")
-    return parse_figures(done.stdout)
+    return done
+
+
+def counted_command(valgrind: str) -> list[str]:
+    """The wrapper that counts a run's instructions (no cache simulation: a count only)."""
+    return [valgrind, "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null"]
+
+
+def instructions_in(
+    tree: Path,
+    command_for: Callable[[int], Sequence[str]],
+    sizes: tuple[int, int],
+    valgrind: str = "valgrind",
+) -> dict[str, float]:
+    """Instructions per execution of ``tree``'s burst: the counts of runs at both ``sizes``,
+    their difference over the sizes' difference (see the module docstring). A run with a
+    duplicate is an error, not a figure."""
+    small, large = sizes
+    if not 0 < small < large:
+        raise CompareError(f"the sizes must be 0 < SMALL < LARGE, not {small},{large}")
+    counts: list[int] = []
+    for size in sizes:
+        done = _run(tree, command_for(size), counted_command(valgrind))
+        figures = parse_figures(done.stdout)
+        if figures.get("duplicates", 0):
+            raise CompareError(f"{tree.name}: {figures['duplicates']:.0f} duplicates at {size:,}")
+        found = _INSTRUCTIONS.findall(done.stderr)
+        if not found:
+            raise CompareError(f"{tree.name}: no 'I refs' count in valgrind's output")
+        counts.append(int(found[-1].replace(",", "")))
+    return {"instructions": (counts[1] - counts[0]) / (large - small)}
 
 
 @dataclass(frozen=True)
@@ -177,7 +228,12 @@ def compare(
         for round_, index in run_order(len(revisions), rounds):
             figures = run(trees[index])
             runs[index][round_] = figures
-            progress(f"round {round_ + 1} {revisions[index].sha}: {figures['rate']:,.0f}/s")
+            shown = (
+                f"{figures['rate']:,.0f}/s"
+                if "rate" in figures
+                else f"{figures['instructions'] / 1000:,.1f}k instructions per execution"
+            )
+            progress(f"round {round_ + 1} {revisions[index].sha}: {shown}")
     return Comparison(revisions, runs)
 
 
@@ -186,12 +242,39 @@ def _median(runs: Sequence[dict[str, float]], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
-def ratios(comparison: Comparison, index: int) -> list[float]:
-    """Revision ``index``'s rate over the first revision's, round by round."""
+def ratios(comparison: Comparison, index: int, key: str = "rate") -> list[float]:
+    """Revision ``index``'s figure ``key`` over the first revision's, round by round."""
     return [
-        mine["rate"] / base["rate"]
+        mine[key] / base[key]
         for mine, base in zip(comparison.runs[index], comparison.runs[0], strict=True)
     ]
+
+
+def report_instructions(comparison: Comparison, *, sizes: tuple[int, int], workers: int) -> str:
+    first = comparison.revisions[0].sha
+    rounds = len(comparison.runs[0])
+    lines = [
+        "## Revisions side by side, in instructions (`benchmarks/compare.py --instructions`)",
+        "",
+        f"Machine: {machine()}; {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {rounds} round(s) in "
+        f"ABBA order; each revision's own `bench_burst.py` (`noop`, one node, {workers} "
+        "workers, smoothing off) under `valgrind --tool=cachegrind` at "
+        f"{sizes[0]:,} and {sizes[1]:,} schedules: instructions of the node process per "
+        "execution = the difference of the two counts over the difference of the sizes "
+        "(PostgreSQL not counted). Exact where timing measurements on a shared machine are "
+        f"not; lower is better, and the ratio is to {first}.",
+        "",
+        f"| revision | instructions per execution by round | median | vs {first} |",
+        "|---|---|---:|---:|",
+    ]
+    for index, revision in enumerate(comparison.revisions):
+        runs = comparison.runs[index]
+        by_round = " / ".join(f"{figures['instructions'] / 1000:,.1f}k" for figures in runs)
+        median = _median(runs, "instructions") or 0.0
+        ratio = statistics.median(ratios(comparison, index, "instructions"))
+        label = f"{revision.sha} {revision.subject.replace('|', '/')}"
+        lines.append(f"| {label} | {by_round} | {median / 1000:,.1f}k | {ratio:.3f} |")
+    return "\n".join(lines) + "\n"
 
 
 def report(comparison: Comparison, *, schedules: int, workers: int) -> str:
@@ -231,25 +314,53 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--schedules", type=int, default=200_000)
     parser.add_argument("--workers", type=int, default=32)
     parser.add_argument("--no-docs", action="store_true", help="print only")
+    parser.add_argument(
+        "--instructions",
+        metavar="SMALL,LARGE",
+        help=f"count instructions per execution under valgrind (e.g. {INSTRUCTION_SIZES_DEFAULT})",
+    )
+    parser.add_argument("--valgrind", default="valgrind", help="the valgrind executable")
     args = parser.parse_args(argv)
     if len(args.revisions) < 2 or args.rounds < 1:
         parser.error("give at least two revisions and one round")
-    command = burst_command(args.schedules, args.workers)
+    sizes: tuple[int, int] | None = None
+    if args.instructions is not None:
+        try:
+            small, large = (int(part) for part in args.instructions.split(","))
+        except ValueError:
+            parser.error("--instructions takes two schedule counts, SMALL,LARGE")
+        sizes = (small, large)
+        if shutil.which(args.valgrind) is None:
+            print(
+                f"compare: {args.valgrind!r} not found (Debian: apt install valgrind)",
+                file=sys.stderr,
+            )
+            return 1
+    workers = args.workers
+
+    def run(tree: Path) -> dict[str, float]:
+        if sizes is None:
+            return run_in(tree, burst_command(args.schedules, workers))
+        return instructions_in(
+            tree, lambda size: burst_command(size, workers), sizes, args.valgrind
+        )
+
     try:
         comparison = compare(
-            ROOT,
-            args.revisions,
-            args.rounds,
-            lambda tree: run_in(tree, command),
-            progress=lambda line: print(line, flush=True),
+            ROOT, args.revisions, args.rounds, run, progress=lambda line: print(line, flush=True)
         )
     except CompareError as exc:
         print(f"compare: {exc}", file=sys.stderr)
         return 1
-    text = report(comparison, schedules=args.schedules, workers=args.workers)
+    if sizes is None:
+        text = report(comparison, schedules=args.schedules, workers=workers)
+        section = "bench_compare"
+    else:
+        text = report_instructions(comparison, sizes=sizes, workers=workers)
+        section = "bench_instructions"
     print(text)
     if not args.no_docs:
-        write_section("bench_compare", text)
+        write_section(section, text)
     return 0
 
 

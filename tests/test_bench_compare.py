@@ -150,3 +150,72 @@ def test_an_unknown_revision_is_a_message_and_exit_status_not_a_traceback() -> N
     assert done.stderr.startswith("compare: git rev-parse")
     assert "no-such-revision-x" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+FAKE_VALGRIND = """\
+#!/usr/bin/env python3
+# Counts nothing: runs the command and reports 1,000,000 + rate x schedules instructions,
+# so the per-execution figure is the tree's rate.txt.
+import subprocess, sys
+command = sys.argv[1:]
+while command[0].startswith("--"):  # valgrind's own options come first
+    command.pop(0)
+done = subprocess.run(command, capture_output=True, text=True)
+sys.stdout.write(done.stdout)
+schedules = int(command[command.index("--schedules") + 1]) if "--schedules" in command else 0
+rate = float(done.stdout.split("executions/s end to end |")[1].split("|")[0].replace(",", ""))
+print(f"==1== I   refs:      {1_000_000 + int(rate) * schedules:,}", file=sys.stderr)
+sys.exit(done.returncode)
+"""
+
+
+@pytest.fixture
+def valgrind(tmp_path: Path) -> str:
+    path = tmp_path / "valgrind"
+    path.write_text(FAKE_VALGRIND)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_instructions_per_execution_are_the_slope_between_two_burst_sizes(
+    repo: Path, valgrind: str
+) -> None:
+    def count(tree: Path) -> dict[str, float]:
+        return compare.instructions_in(
+            tree, lambda size: ["benchmarks/bench_burst.py", "--schedules", str(size)],
+            (3_000, 9_000), valgrind,
+        )  # fmt: skip
+
+    before = worktrees(repo)
+    result = compare.compare(repo, ["HEAD~1", "HEAD"], 1, count)
+
+    # The fixed 1,000,000 (imports, set-up) cancels out; what is left is per execution.
+    assert result.runs[0][0] == {"instructions": pytest.approx(1_000.0)}
+    assert result.runs[1][0] == {"instructions": pytest.approx(1_100.0)}
+    assert compare.ratios(result, 1, "instructions") == pytest.approx([1.1])
+    assert worktrees(repo) == before
+    text = compare.report_instructions(result, sizes=(3_000, 9_000), workers=32)
+    assert "| 1.0k | 1.000 |" in text
+    assert "| 1.1k | 1.100 |" in text
+
+
+def test_a_counted_run_with_duplicates_or_without_a_count_is_an_error(
+    repo: Path, valgrind: str, tmp_path: Path
+) -> None:
+    (repo / "benchmarks" / "bench_burst.py").write_text(
+        FAKE_BENCH.replace('"| duplicates | 0 |"', '"| duplicates | 2 |"')
+    )
+    with pytest.raises(compare.CompareError, match="2 duplicates at 10"):
+        compare.instructions_in(
+            repo, lambda size: ["benchmarks/bench_burst.py"], (10, 20), valgrind
+        )
+    silent = tmp_path / "silent"
+    silent.write_text('#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n')
+    silent.chmod(0o755)
+    (repo / "benchmarks" / "bench_burst.py").write_text(FAKE_BENCH)
+    with pytest.raises(compare.CompareError, match="no 'I refs' count"):
+        compare.instructions_in(
+            repo, lambda size: ["benchmarks/bench_burst.py"], (10, 20), str(silent)
+        )
+    with pytest.raises(compare.CompareError, match="0 < SMALL < LARGE"):
+        compare.instructions_in(repo, lambda size: [], (20, 10), valgrind)
