@@ -24,7 +24,9 @@ the node process (node, bridge, the benchmark's own setup and poller) executed p
 the difference of the two counts over the difference of the sizes -- the set-up both runs share
 (imports, database creation, the node's start) cancels out. One round by default: the count
 is exact, though a run's batching still depends a little on timing (a second round shows how
-much). PostgreSQL's instructions are not counted (its processes are not under valgrind).
+much: about 2 % between runs of one revision here, against 10-20 % for timing rounds).
+PostgreSQL's instructions are not counted (its processes are not under valgrind), nor is the
+kernel's work for the node's system calls.
 """
 
 from __future__ import annotations
@@ -261,8 +263,9 @@ def report_instructions(comparison: Comparison, *, sizes: tuple[int, int], worke
         "workers, smoothing off) under `valgrind --tool=cachegrind` at "
         f"{sizes[0]:,} and {sizes[1]:,} schedules: instructions of the node process per "
         "execution = the difference of the two counts over the difference of the sizes "
-        "(PostgreSQL not counted). Exact where timing measurements on a shared machine are "
-        f"not; lower is better, and the ratio is to {first}.",
+        "(PostgreSQL and the kernel not counted). A count varies by about 2 % between runs of "
+        "one revision (a burst's batching still depends on timing), against 10-20 % for "
+        f"timing rounds on a shared machine; lower is better, and the ratio is to {first}.",
         "",
         f"| revision | instructions per execution by round | median | vs {first} |",
         "|---|---|---:|---:|",
