@@ -192,7 +192,8 @@ async def run_node(
 ) -> dict[str, float]:
     """Start the node, wait for the load, the burst and the steady window; its figures."""
     # The pool a `carillon run` node opens (POOL_MAX_DEFAULT), so the figures are a default
-    # node's (docs/benchmarks.md, "Cold load ... ledger pool", on why it matters).
+    # node's (docs/benchmarks.md, "Cold load of 1,000,000 schedules and the ledger pool", on
+    # why it matters).
     async with open_postgres_ledger(url) as ledger:
         config = NodeConfig(node_id=f"scale-{os.getpid()}", log_level=LogLevel.WARNING, http="")
         node = Node(config, ledger, SystemClock(), random.Random(7))

@@ -10,10 +10,12 @@
         ├── PlannerSupervisor   one Planner per owned partition, inside its trust window
         ├── LeaseKeeper         renew, expire locally, hand back extras, acquire fair share
         ├── RetentionKeeper     deletes old executions of owned partitions; prunes changes
-        ├── CompletionWriter    batches completion writes (fenced, idempotent)
-        ├── WorkerPool          runs claimed executions through their task type's handler
-        ├── Dispatcher          due executions -> fair queue -> claim -> workers
-        └── Redeliverer         re-queues executions whose attempt lease ran out
+        ├── ExecutionPipeline   rebuilt fresh on a restart (engine/actors/pipeline.py):
+        │   ├── Dispatcher      due executions -> fair queue -> admission -> claim
+        │   ├── WorkerPool      runs claimed attempts through their task type's handler
+        │   └── CompletionWriter  batches completion writes (fenced, attempt-guarded)
+        ├── Redeliverer         re-queues executions whose attempt lease ran out
+        └── ApiServer           the HTTP API and /metrics, unless ``http`` is empty
 
 The node's metrics (:class:`~engine.metrics.NodeMetrics`, ``node.metrics``) are on a registry
 of its own: the actors move the counters and histograms as work happens, and the gauges are

@@ -43,7 +43,7 @@ SUFFIXES = {
     "histogram": ("_bucket", "_count", "_sum"),
     "gauge": ("",),
 }
-# Metric families an operator needs on the dashboard (ARCHITECTURE §9 and issue #6).
+# Metric families an operator needs on the dashboard (issue #6; docs/ops/runbook.md).
 DASHBOARD_MUST_SHOW = {
     "due_jobs_enqueued_total",
     "carillon_starts_total",

@@ -44,7 +44,7 @@ RETURNING {TOKEN_COLUMNS}
 """Revoke once: of two concurrent revocations the second waits for the row, finds it
 revoked, and returns nothing (then it reads the token and appends no event)."""
 
-# --- console sessions (migrations/0006_console_sessions.sql) --------------------------------
+# --- console sessions (migrations/0008_console_sessions.sql) --------------------------------
 
 SESSION_COLUMNS: Final = (
     "s.token_id, t.scope, s.created_at, s.last_seen_at, "
