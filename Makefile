@@ -45,7 +45,7 @@ lint: $(STAMP) ## ruff lint and format check
 	$(BIN)/ruff check engine tests benchmarks simulations
 	$(BIN)/ruff format --check engine tests benchmarks simulations
 
-typecheck: $(STAMP) ## mypy --strict on engine/
+typecheck: $(STAMP) ## mypy --strict on engine/ and simulations/ (pyproject.toml [tool.mypy])
 	$(BIN)/mypy
 
 fmt: $(STAMP) ## Format and auto-fix lint findings
