@@ -20,7 +20,8 @@ ROUNDS ?= 3
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(STAMP): pyproject.toml
+# engine/__init__.py: it holds the version, which the installed metadata copies at install.
+$(STAMP): pyproject.toml engine/__init__.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
@@ -44,7 +45,7 @@ lint: $(STAMP) ## ruff lint and format check
 	$(BIN)/ruff check engine tests benchmarks simulations
 	$(BIN)/ruff format --check engine tests benchmarks simulations
 
-typecheck: $(STAMP) ## mypy --strict on engine/
+typecheck: $(STAMP) ## mypy --strict on engine/ and simulations/ (pyproject.toml [tool.mypy])
 	$(BIN)/mypy
 
 fmt: $(STAMP) ## Format and auto-fix lint findings

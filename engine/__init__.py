@@ -40,6 +40,8 @@ from engine.model import (
 )
 
 __version__ = "0.1.0"
+"""The one place the version is written: the distribution's metadata is read from this literal
+at build time (pyproject.toml, ``[tool.setuptools.dynamic]``), so keep it a plain string."""
 
 __all__ = [
     "Adjustment",

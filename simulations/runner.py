@@ -71,6 +71,8 @@ def deterministic_trio(seed: int) -> Iterator[None]:
     """trio's scheduler shuffles runnable tasks with ``_r``; seed it and turn it on."""
     flag = trio_run._ALLOW_DETERMINISTIC_SCHEDULING
     state = trio_run._r.getstate()
+    # trio declares its test-only hook Final (it sets it once, in its own test suite); the
+    # simulator is the one other writer and restores it below.
     trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
     trio_run._r.seed(f"carillon-sim:{seed}:trio")
     try:

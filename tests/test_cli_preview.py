@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from engine import __version__
 from engine.cli import main
 
 
@@ -107,4 +108,4 @@ def test_console_entry_points_run_as_processes() -> None:
     version = subprocess.run(
         [sys.executable, "-m", "engine", "--version"], capture_output=True, text=True, check=True
     )
-    assert version.stdout.strip() == "carillon 0.1.0"
+    assert version.stdout.strip() == f"carillon {__version__}"

@@ -42,7 +42,6 @@ Status mapping: 2xx succeeded; 408, 425, 429 and 5xx transient, honouring ``Retr
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import re
 import ssl
 from collections.abc import Mapping
@@ -54,6 +53,7 @@ import httpx
 import msgspec
 import trio
 
+from engine import __version__
 from engine.clock import Clock
 from engine.core.instants import format_utc
 from engine.errors import InvalidField
@@ -87,14 +87,8 @@ _FRAMING_HEADERS: Final = frozenset(
 """Extra headers never sent: the client frames the message and owns the connection."""
 
 
-def _user_agent() -> str:
-    try:
-        return f"carillon/{importlib.metadata.version('carillon')}"
-    except importlib.metadata.PackageNotFoundError:
-        return "carillon"
-
-
-USER_AGENT: Final = _user_agent()
+USER_AGENT: Final = f"carillon/{__version__}"
+"""The version of the code running, not of whatever distribution metadata is installed."""
 
 
 class WebhookSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

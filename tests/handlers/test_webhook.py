@@ -16,6 +16,7 @@ import httpx
 import pytest
 import trio
 
+from engine import __version__
 from engine.errors import InvalidField
 from engine.handlers import HandlerOptions, HandlerResult, OutcomeKind, build_handler
 from engine.handlers.base import Handler
@@ -61,7 +62,7 @@ async def test_posts_the_context_as_json_with_the_carillon_headers(sink: Sink) -
     assert headers["x-carillon-planned-at"] == "2026-03-08T07:00:00Z"
     assert headers["x-carillon-attempt"] == "1"
     assert headers["x-carillon-fencing-token"] == "42"
-    assert headers["user-agent"].startswith("carillon/")
+    assert headers["user-agent"] == f"carillon/{__version__}"
     assert headers["host"] == f"127.0.0.1:{sink.port}"
     assert "webhook-signature" not in headers
 

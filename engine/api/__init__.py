@@ -1,0 +1,1 @@
+"""The HTTP API of a node and its operator console (``docs/api.md``, ``docs/console.md``)."""
