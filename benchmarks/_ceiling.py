@@ -27,9 +27,14 @@ from typing import Final
 import asyncpg
 
 from benchmarks._burst import schedule_ids, tenant_of
+from engine.actors.completions import BATCH_MAX_DEFAULT as COMPLETE_BATCH_MAX
+from engine.actors.dispatcher import CLAIM_BATCH_DEFAULT
+from engine.config import ATTEMPT_LEASE_S_DEFAULT
 from engine.core.hashing import partition_of
 from engine.ledger.postgres import PARTITIONS_DEFAULT
-from engine.model import execution_id
+from engine.ledger.postgres.rows import int_array, text_array, timestamptz_array
+from engine.ledger.postgres.sql_executions import EXECUTIONS_CLAIM, EXECUTIONS_COMPLETE
+from engine.model import execution_id, parse_execution_id
 
 CEILING_BATCH: Final = 5_000
 
@@ -114,3 +119,141 @@ async def ceiling(url: str, n: int, burst_at: datetime) -> dict[str, float]:
         "ceiling_cycle_per_s": n / cycle,
         "ceiling_claim_complete_per_s": n / (seconds["claim"] + seconds["complete"]),
     }
+
+
+# --- the same-design ceiling and the physical reference ----------------------------------------
+#
+# The raw ceiling above is the minimal statements for the writes; the engine's own claim and
+# complete do more (the fence in the statement, the cluster-cap anti-join, the attempt
+# history, the columns returned). Two more figures bound the engine from both sides, in the
+# same run: the same-design ceiling -- the engine's own claim and complete statements in a bare
+# loop, at the engine's largest batches -- and the physical reference -- the same rows written
+# once by binary COPY into a table with no index, which is what the machine's PostgreSQL can
+# store per second with nothing of our design in the way.
+
+SAME_DESIGN_CLAIM_BATCH: Final = CLAIM_BATCH_DEFAULT
+SAME_DESIGN_COMPLETE_BATCH: Final = COMPLETE_BATCH_MAX
+SAME_DESIGN_NODE: Final = "ceiling"
+
+LEASES_TAKE: Final = """
+INSERT INTO partition_leases (partition_id, owner_id, fencing_token, expires_at)
+SELECT p, $2, 1, now() + interval '1 hour' FROM generate_series(0, $1 - 1) AS p
+ON CONFLICT (partition_id) DO UPDATE
+SET owner_id = $2, fencing_token = partition_leases.fencing_token + 1,
+    expires_at = now() + interval '1 hour'
+RETURNING partition_id, fencing_token
+"""
+
+REFERENCE_TABLE: Final = "copy_reference"
+REFERENCE_COLUMNS: Final = (
+    "execution_id",
+    "schedule_id",
+    "tenant_id",
+    "task_type",
+    "partition_id",
+    "planned_at",
+    "status",
+    "attempt",
+    "enqueued_at",
+    "fencing_token",
+)
+
+
+async def _refill(connection: asyncpg.Connection, n: int, burst_at: datetime) -> None:
+    """The executions table emptied, vacuumed and holding the burst's N queued rows (untimed)."""
+    await connection.execute("TRUNCATE executions, execution_attempts")
+    await connection.execute("VACUUM ANALYZE executions, execution_attempts")
+    for exec_ids, sids, tenants, parts in _ceiling_batches(n, burst_at):
+        await connection.execute(CEILING_INSERT, exec_ids, sids, tenants, parts, burst_at)
+    await connection.execute("ANALYZE executions")
+
+
+def _fences(exec_ids: list[str], tokens: dict[int, int]) -> tuple[list[int], list[str], list[int]]:
+    """The fence arrays a node passes for a batch: each partition of the batch once."""
+    partitions = sorted({_partition_of_execution(value) for value in exec_ids})
+    return partitions, [SAME_DESIGN_NODE] * len(partitions), [tokens[p] for p in partitions]
+
+
+def _partition_of_execution(value: str) -> int:
+    return partition_of(parse_execution_id(value)[0], PARTITIONS_DEFAULT)
+
+
+async def same_design_ceiling(url: str, n: int, burst_at: datetime) -> dict[str, float]:
+    """Claim + complete rows/s of the engine's own statements (``EXECUTIONS_CLAIM`` and
+    ``EXECUTIONS_COMPLETE``, parameters encoded as the ledger encodes them) in a bare loop:
+    claims of the dispatcher's largest batch, completions of the completion writer's, one
+    connection, no trio, no bridge, no node. Every row is claimed and completed exactly once,
+    or this raises."""
+    ids = [execution_id(sid, burst_at) for sid in schedule_ids(n)]
+    ids.sort()  # the engine claims in due order: (planned_at, execution_id), one instant here
+    connection = await asyncpg.connect(url)
+    try:
+        await _refill(connection, n, burst_at)
+        rows = await connection.fetch(LEASES_TAKE, PARTITIONS_DEFAULT, SAME_DESIGN_NODE)
+        tokens = {row["partition_id"]: row["fencing_token"] for row in rows}
+        lease_s = ATTEMPT_LEASE_S_DEFAULT
+        claimed = completed = 0
+        started = time.perf_counter()
+        for i in range(0, n, SAME_DESIGN_COMPLETE_BATCH):
+            chunk = ids[i : i + SAME_DESIGN_COMPLETE_BATCH]
+            running: list[tuple[str, int]] = []
+            for j in range(0, len(chunk), SAME_DESIGN_CLAIM_BATCH):
+                batch = chunk[j : j + SAME_DESIGN_CLAIM_BATCH]
+                got = await connection.fetch(
+                    EXECUTIONS_CLAIM, batch, lease_s, SAME_DESIGN_NODE, *_fences(batch, tokens)
+                )
+                running += [(row["execution_id"], row["attempt"]) for row in got if row[2]]
+            claimed += len(running)
+            done = [value for value, _ in running]
+            got = await connection.fetch(
+                EXECUTIONS_COMPLETE,
+                text_array(done),
+                int_array([attempt for _, attempt in running]),
+                text_array(["succeeded"] * len(done)),
+                timestamptz_array([None] * len(done)),
+                text_array([None] * len(done)),
+                text_array([None] * len(done)),
+                *_fences(done, tokens),
+            )
+            completed += sum(1 for row in got if row[2] is not None)
+        seconds = time.perf_counter() - started
+    finally:
+        await connection.close()
+    if claimed != n or completed != n:
+        raise RuntimeError(f"same-design ceiling: {claimed} claimed, {completed} completed of {n}")
+    return {"same_design_per_s": n / seconds}
+
+
+async def physical_reference(url: str, n: int, burst_at: datetime) -> dict[str, float]:
+    """Rows/s of the burst's execution rows written once by binary COPY (asyncpg's
+    ``copy_records_to_table``) into a table shaped like ``executions`` with no index and no
+    key, in batches of ``CEILING_BATCH``, each its own transaction, ``synchronous_commit`` as
+    the server has it."""
+    connection = await asyncpg.connect(url)
+    try:
+        await connection.execute(
+            f"CREATE TABLE {REFERENCE_TABLE} "
+            "(LIKE executions INCLUDING DEFAULTS INCLUDING GENERATED)"
+        )
+        batches = _ceiling_batches(n, burst_at)
+        now = datetime.now(burst_at.tzinfo)
+        records = [
+            [
+                (exec_id, sid, tenant, "noop", part, burst_at, "queued", 0, now, 1)
+                for exec_id, sid, tenant, part in zip(*batch, strict=True)
+            ]
+            for batch in batches
+        ]
+        started = time.perf_counter()
+        for rows in records:
+            await connection.copy_records_to_table(
+                REFERENCE_TABLE, records=rows, columns=REFERENCE_COLUMNS
+            )
+        seconds = time.perf_counter() - started
+        written = await connection.fetchval(f"SELECT count(*) FROM {REFERENCE_TABLE}")
+        await connection.execute(f"DROP TABLE {REFERENCE_TABLE}")
+    finally:
+        await connection.close()
+    if written != n:
+        raise RuntimeError(f"physical reference: {written} rows of {n}")
+    return {"physical_per_s": n / seconds}

@@ -36,7 +36,10 @@ an ``unnest`` update claiming them (queued -> running), then one completing them
 succeeded); an untimed ``ANALYZE executions`` before each update phase gives the planner the
 table as it is (``benchmarks/_ceiling.py``). Its rows/s for the whole cycle is compared with
 the engine's end-to-end rate (the engine plans before T, so claim + complete alone is given
-too).
+too). Then two bounds from either side (``benchmarks/_ceiling.py``): the same-design ceiling,
+the engine's own claim and complete statements in a bare loop at its largest batches (after T
+against the engine's after T), and the physical reference, the same rows written once by
+binary COPY into a table with no index.
 
 Targets: issue #5, >= 10,000 executions/s end to end with zero duplicates; issue #8, >= 20,000
 executions/s end to end (32 workers, smoothing off), >= 50% of the raw ceiling measured in the
@@ -77,7 +80,14 @@ from benchmarks._burst import (
     poll_until_succeeded,
     tenant_id,
 )
-from benchmarks._ceiling import CEILING_BATCH, ceiling
+from benchmarks._ceiling import (
+    CEILING_BATCH,
+    SAME_DESIGN_CLAIM_BATCH,
+    SAME_DESIGN_COMPLETE_BATCH,
+    ceiling,
+    physical_reference,
+    same_design_ceiling,
+)
 from benchmarks._cpu import CpuSample, cores, cpu_figures
 from benchmarks._nodes import carillon_burst
 from benchmarks._report import (
@@ -190,7 +200,12 @@ def one_variant(
             result |= uvloop.run(ledger_figures(url, n, burst_at, timeout_s, weights))
             if with_ceiling:
                 result |= uvloop.run(ceiling(url, n, burst_at))
-                result["ratio"] = result["executions_per_s"] / result["ceiling_cycle_per_s"]
+                result |= uvloop.run(same_design_ceiling(url, n, burst_at))
+                result |= uvloop.run(physical_reference(url, n, burst_at))
+                rate = result["executions_per_s"]
+                result["ratio"] = rate / result["ceiling_cycle_per_s"]
+                result["same_design_ratio"] = rate / result["same_design_per_s"]
+                result["physical_ratio"] = rate / result["physical_per_s"]
         finally:
             admin(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     print(
@@ -240,6 +255,14 @@ ROWS: Final = (
     ("raw ceiling rows/s, insert+claim+complete", "ceiling_cycle_per_s", 0),
     ("raw ceiling rows/s, claim+complete", "ceiling_claim_complete_per_s", 0),
     ("engine / ceiling (cycle)", "ratio", 2),
+    (
+        "same-design ceiling rows/s, the engine's claim+complete in a bare loop",
+        "same_design_per_s",
+        0,
+    ),
+    ("engine / same-design ceiling (after T)", "same_design_ratio", 2),
+    ("physical reference rows/s, binary COPY into an unindexed table", "physical_per_s", 0),
+    ("engine / physical reference", "physical_ratio", 3),
 )
 
 
@@ -452,6 +475,17 @@ def report(
         "without it, the statistics of the empty table apply). With them, the first five "
         "batches of each phase still hash-join against all N rows (PostgreSQL's own cost "
         "estimate, custom plans); the later ones probe the primary key (`benchmarks/_ceiling.py`).",
+        "",
+        "Two more bounds, in the same run and on the same database: the **same-design ceiling** "
+        "runs the engine's own claim and complete statements (`EXECUTIONS_CLAIM`, "
+        "`EXECUTIONS_COMPLETE`, fenced, parameters encoded as the ledger encodes them) in a bare "
+        f"loop on one connection, claims of {SAME_DESIGN_CLAIM_BATCH:,} and completions of "
+        f"{SAME_DESIGN_COMPLETE_BATCH:,} (the dispatcher's and the completion writer's largest "
+        "batches), after the N rows were inserted untimed: the most this write design allows "
+        "after T, compared with the engine's rate after T. The **physical reference** writes "
+        f"the same N rows once, by binary COPY in batches of {CEILING_BATCH:,}, into a table "
+        "shaped like `executions` with no index and no key: what this machine's PostgreSQL "
+        "stores per second with none of our design in the way.",
     ]
     if FLAME.exists():
         lines += [
@@ -501,6 +535,10 @@ def save_results(args: argparse.Namespace, variants: list[Variant], results: Res
         "delay_p99_s": [r["delay_p99_s"] for r in base],
         "ceiling_cycle_per_s": [r["ceiling_cycle_per_s"] for r in base if "ratio" in r],
         "ceiling_ratio": [r["ratio"] for r in base if "ratio" in r],
+        "same_design_per_s": [r["same_design_per_s"] for r in base if "ratio" in r],
+        "same_design_ratio": [r["same_design_ratio"] for r in base if "ratio" in r],
+        "physical_per_s": [r["physical_per_s"] for r in base if "ratio" in r],
+        "physical_ratio": [r["physical_ratio"] for r in base if "ratio" in r],
         "duplicates": [sum(r["duplicates"] for r in run) for run in per_run],
         "lead_s": [min(r["lead_s"] for r in run) for run in per_run],
     }
