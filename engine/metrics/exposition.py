@@ -75,7 +75,7 @@ class ScrapeCollector:
     def _families(self, gauges: NodeGauges | None) -> list[Metric]:
         s = self._scraped
         ratio = s.slo_ratio()
-        families = node_families(gauges)
+        families = _node_families(gauges)
         families += [
             _gauge(SLO_RATIO, math.nan if ratio is None else ratio),
             _gauge(SLO_WINDOW_STARTS, s.window_starts()),
@@ -84,7 +84,7 @@ class ScrapeCollector:
         return families
 
 
-def node_families(g: NodeGauges | None) -> list[Metric]:
+def _node_families(g: NodeGauges | None) -> list[Metric]:
     """The families of the node's gauges; without gauges (no source, or it failed) every
     family is there, without a series."""
     lag = GaugeMetricFamily(*PLANNER_LAG, labels=["partition"])

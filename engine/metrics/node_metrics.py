@@ -68,7 +68,7 @@ class NodeMetrics:
         self._source: Callable[[], NodeGauges] | None = None
         # First, so that a scrape whose source fails already shows that failure's count.
         self.registry.register(ScrapeCollector(self))
-        self._i = i = Instruments(
+        self._instruments = i = Instruments(
             self.registry,
             start_delay_buckets=sorted({*START_DELAY_BUCKETS_S, slo_target_s}),
             tenant_labels=tenant_labels,
@@ -93,8 +93,8 @@ class NodeMetrics:
     def executions_planned(self, planned_at: Sequence[datetime], now: datetime) -> None:
         """The planner wrote these executions as queued at ``now`` (skipped ones go to
         :meth:`skipped`)."""
-        self._i.enqueued.inc(len(planned_at))
-        observe = self._i.enqueue_delay.observe
+        self._instruments.enqueued.inc(len(planned_at))
+        observe = self._instruments.enqueue_delay.observe
         for at in planned_at:
             if at >= now:
                 observe(0.0)
@@ -105,7 +105,7 @@ class NodeMetrics:
         """``n`` executions were recorded as skipped for ``reason`` (a catch-up policy's
         error code, :data:`SKIP_OVERLAP`, :data:`SKIP_CATCHUP_BULK` -- which counts ranges --
         or ``schedule_deleted``)."""
-        self._i.skipped.labels(self._reasons(reason)).inc(n)
+        self._instruments.skipped.labels(self._reasons(reason)).inc(n)
 
     def execution_started(self, execution: Execution, start_delay_s: float) -> None:
         """A worker starts ``execution``'s attempt ``start_delay_s`` after its planned instant
@@ -142,26 +142,26 @@ class NodeMetrics:
     def attempts_expired(self, n: int) -> None:
         """The redeliverer re-queued ``n`` attempts whose attempt lease ran out."""
         if n:
-            self._i.expired.inc(n)
+            self._instruments.expired.inc(n)
 
     def lease_acquired(self, n: int = 1) -> None:
         if n:
-            self._i.lease_acquired.inc(n)
+            self._instruments.lease_acquired.inc(n)
 
     def lease_released(self, n: int = 1) -> None:
         """``n`` leases were handed back (a rebalance's drain, or the node's shutdown)."""
         if n:
-            self._i.lease_released.inc(n)
+            self._instruments.lease_released.inc(n)
 
     def lease_lost(self, reason: str, n: int = 1) -> None:
         """``reason``: :data:`LEASE_LOST_REFUSED` (a renewal or a fenced write was refused)
         or :data:`LEASE_LOST_EXPIRED` (the trust window ran out: counted by the lease keeper
         or, when its deadline fires first, by the planner supervisor)."""
-        self._i.lease_lost.labels(self._reasons(reason)).inc(n)
+        self._instruments.lease_lost.labels(self._reasons(reason)).inc(n)
 
     def change_feed_gap(self) -> None:
         """The change feed found changes pruned past its watermark; planners reload."""
-        self._i.change_feed_gaps.inc()
+        self._instruments.change_feed_gaps.inc()
 
     # -- scrape time ----------------------------------------------------------------------
 
@@ -183,7 +183,7 @@ class NodeMetrics:
         except Exception:
             # A scrape must not fail: a failing /metrics would read as "node down".
             log.exception("could not read the node gauges for a scrape")
-            self._i.source_errors.inc()
+            self._instruments.source_errors.inc()
             return None
 
     def window_starts(self) -> int:
@@ -213,7 +213,7 @@ class NodeMetrics:
 
     def _tenant_starts(self, tenant_id: str) -> _Starts:
         label = self._tenants(tenant_id)
-        i = self._i
+        i = self._instruments
         children = (
             self._histogram_tally(i.start_delay.labels(label)),
             self._counter_tally(i.starts.labels(label)),
@@ -226,7 +226,7 @@ class NodeMetrics:
     def _finished_children(self, task_type: str, outcome: str) -> _Finished:
         label = self._task_types(task_type)
         status = self._statuses(outcome)
-        i = self._i
+        i = self._instruments
         children = (
             self._counter_tally(i.attempts.labels(status, label)),
             self._histogram_tally(i.duration.labels(label)),
