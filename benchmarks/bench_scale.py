@@ -18,7 +18,7 @@ bridge, 64 partitions) and reports:
 * steady state, after the load and the burst (if any) have run: CPU of the node's process,
   executions planned per second, their start delay p99 (the node runs ``STARTS_SETTLE_S``
   past the window so that its last fires can start), and each partition's planner lag (the
-  ``carillon_planner_lag_seconds`` gauges, computed by :func:`engine.metrics.node_gauges`)
+  ``carillon_planner_lag_seconds`` gauges, computed by :func:`engine.node.partition_gauges`)
   sampled every second: p50, p99 and max over partitions x seconds.
 
 Every run uses fresh processes: ``CREATORS`` children write the schedules, then one new child
@@ -91,9 +91,8 @@ from engine.core.timetable import TimetableCache
 from engine.ledger.base import SchedulesCreate, TaskTypesPut
 from engine.ledger.database import resolve_database, url_with_database
 from engine.ledger.postgres import POOL_MAX_DEFAULT, migrate_database, open_postgres_ledger
-from engine.metrics import node_gauges
 from engine.model import HandlerKind, TaskType
-from engine.node import Node
+from engine.node import Node, partition_gauges
 
 TARGET_SCHEDULES: Final = 1_000_000
 SIZES_DEFAULT: Final = (TARGET_SCHEDULES, 5_000_000)
@@ -169,13 +168,8 @@ async def sample_steady(node: Node, steady_s: float) -> dict[str, float]:
     deadline = trio.current_time() + steady_s
     tick = trio.current_time()
     while tick < deadline:
-        gauges = node_gauges(
-            node.statistics(),
-            node.clock_monitor.now(),
-            queue_capacity=node.dispatcher.config.queue_max,
-            workers=node.config.workers,
-        )
-        lags.extend(p.planner_lag_s for p in gauges.partitions)
+        partitions = partition_gauges(node.planners.statistics().planners, node.clock_monitor.now())
+        lags.extend(p.planner_lag_s for p in partitions)
         tick += LAG_SAMPLE_S
         await trio.sleep_until(min(tick, deadline))
     return {

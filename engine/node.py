@@ -18,8 +18,8 @@
         └── ApiServer           the HTTP API and /metrics, unless ``http`` is empty
 
 The node's metrics (:class:`~engine.metrics.NodeMetrics`, ``node.metrics``) are on a registry
-of its own: the actors move the counters and histograms as work happens, and the gauges are
-read from :meth:`Node.statistics` at each scrape.
+of its own: the actors move the counters and histograms as work happens, and at each scrape
+the node assembles the gauges from the ``statistics()`` of the actors they describe.
 
 On cancellation (SIGTERM/SIGINT in ``carillon run``) the node shuts down gracefully, shielded
 and bounded by ``shutdown_timeout_s`` in all: it first *drains* -- claims nothing more, while
@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -60,7 +62,7 @@ from engine.actors.lease_keeper import (
 from engine.actors.membership import Membership, MembershipConfig, MembershipStatistics
 from engine.actors.partitions import PartitionTable
 from engine.actors.pipeline import ExecutionPipeline, PipelineConfig, PipelineStatistics
-from engine.actors.planner import PlannerConfig
+from engine.actors.planner import PlannerConfig, PlannerStatistics
 from engine.actors.planner_supervisor import PlannerSupervisor, PlannerSupervisorStatistics
 from engine.actors.redeliverer import Redeliverer, RedelivererConfig, RedelivererStatistics
 from engine.actors.retention import RetentionConfig, RetentionKeeper, RetentionStatistics
@@ -83,7 +85,7 @@ from engine.gc_thresholds import raised_gc_thresholds
 from engine.handlers import HandlerOptions
 from engine.handlers.http_client import WebhookClientConfig
 from engine.ledger.base import Ledger
-from engine.metrics import NodeGauges, NodeMetrics, node_gauges, render
+from engine.metrics import NodeGauges, NodeMetrics, PartitionGauges, render
 
 log = logging.getLogger("carillon.node")
 
@@ -102,6 +104,26 @@ class NodeStatistics(msgspec.Struct, frozen=True):
     pipeline: PipelineStatistics
     redeliverer: RedelivererStatistics
     supervisor: SupervisorStatistics
+
+
+def partition_gauges(planners: Iterable[PlannerStatistics], now: datetime) -> list[PartitionGauges]:
+    """Each planner's partition gauges, ``now`` being the clock monitor's time.
+
+    A partition's planner lag is ``now - next_instant`` when positive: the planner writes
+    every fire before it is due (lookahead), so an unplanned fire in the past means planning
+    is behind (a slow ledger, planning paused for clock skew). Partitions whose planner is
+    still loading have no entry yet.
+    """
+    partitions = []
+    for planner in planners:
+        lag_s = 0.0
+        if planner.next_instant is not None:
+            lag_s = max(0.0, (now - planner.next_instant).total_seconds())
+        age_s = None
+        if planner.checkpoint is not None:
+            age_s = (now - planner.checkpoint).total_seconds()
+        partitions.append(PartitionGauges(planner.partition_id, lag_s, age_s))
+    return partitions
 
 
 class Node:
@@ -223,18 +245,34 @@ class Node:
         self.metrics.watch(self._gauges)
 
     def _gauges(self) -> NodeGauges:
-        """The scrape-time gauges (read on the trio thread: they read actor state)."""
-        return node_gauges(
-            self.statistics(),
-            self.clock_monitor.now(),
+        """The scrape-time gauges, from the statistics of the actors they describe (read on
+        the trio thread: they read actor state)."""
+        planners = self.planners.statistics().planners
+        clock = self.clock_monitor.statistics()
+        membership = self.membership.statistics()
+        partitions = partition_gauges(planners, self.clock_monitor.now())
+        return NodeGauges(
+            scheduler_lag_s=max((p.planner_lag_s for p in partitions), default=0.0),
+            partitions=partitions,
+            partitions_owned=len(self.lease_keeper.statistics().owned),
+            queue_depth=self.dispatcher.statistics().queued,
             queue_capacity=self.config.dispatch_queue_max,
-            workers=self.config.workers,
+            workers_busy=self.workers.statistics().busy,
+            workers_capacity=self.config.workers,
+            dispatch_stalled_s=self.pipeline.statistics().stalled_s,
+            clock_offset_s=clock.offset_s,
+            clock_spread_s=clock.spread_s,
+            planning_allowed=clock.planning_allowed,
+            live_nodes=len(membership.live_nodes),
+            region_standby=membership.standby,
+            region_epoch=membership.region_epoch,
         )
 
     def _planner_lags(self) -> dict[int, float]:
         """Planner lag per partition planned here, as the gauges compute it (heartbeats
         publish it for ``GET /v1/cluster``)."""
-        return {p.partition_id: p.planner_lag_s for p in self._gauges().partitions}
+        partitions = partition_gauges(self.planners.statistics().planners, self.clock_monitor.now())
+        return {p.partition_id: p.planner_lag_s for p in partitions}
 
     @property
     def dispatcher(self) -> Dispatcher:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ENGINE = Path(__file__).resolve().parents[1] / "engine"
 
 # Module -> prefixes of imports it must not make.
@@ -125,3 +127,42 @@ def test_engine_reads_no_ambient_time_outside_the_system_clock() -> None:
             if needle in text:
                 offenders.append(f"{relative}: {needle}")
     assert offenders == []
+
+
+FORBIDDEN_EDGES = (
+    # (package or module below engine/, import prefix it must not make)
+    ("metrics", "engine.node"),
+    ("metrics", "engine.actors"),
+    ("actors", "engine.node"),
+    ("ledger", "engine.actors"),
+)
+"""Edges that would close a cycle in the import graph (issue #28): the node wires the actors
+and the metrics; the actors move the metrics and use the ledger; the metrics know neither the
+node nor the actors (the node hands them gauges assembled from the actors' statistics). Any
+import counts, including one made only for type checking."""
+
+
+@pytest.mark.parametrize(("below", "prefix"), FORBIDDEN_EDGES)
+def test_no_import_closes_a_cycle(below: str, prefix: str) -> None:
+    offenders = {
+        str(path.relative_to(ENGINE)): sorted(
+            name for name in imports_of(path) if matches(name, prefix)
+        )
+        for path in (ENGINE / below).rglob("*.py")
+    }
+    assert {module: names for module, names in offenders.items() if names} == {}
+    assert offenders, f"engine/{below} has no modules"
+
+
+def test_relative_imports_are_not_used_where_the_edges_are_checked() -> None:
+    # imports_of reads absolute imports only: a relative one would slip past the checks above.
+    relative = [
+        str(path.relative_to(ENGINE))
+        for below in {below for below, _ in FORBIDDEN_EDGES}
+        for path in (ENGINE / below).rglob("*.py")
+        if any(
+            isinstance(node, ast.ImportFrom) and node.level > 0
+            for node in ast.walk(ast.parse(path.read_text()))
+        )
+    ]
+    assert relative == []

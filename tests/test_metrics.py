@@ -8,13 +8,15 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 import pytest
+import trio
+import trio.testing
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.actors.planner import PlannerStatistics
-from engine.actors.planner_supervisor import PlannerSupervisorStatistics
 from engine.config import NodeConfig
 from engine.errors import ConfigError
+from engine.ledger.base import TaskTypesPut
 from engine.ledger.memory import MemoryLedger
 from engine.metrics import (
     LEASE_LOST_EXPIRED,
@@ -24,12 +26,13 @@ from engine.metrics import (
     NodeGauges,
     NodeMetrics,
     PartitionGauges,
-    node_gauges,
     render,
 )
-from engine.model import Execution
-from engine.node import Node, NodeStatistics
+from engine.model import Execution, HandlerKind, TaskType
+from engine.node import Node, partition_gauges
 from engine.testing import ManualClock
+from tests.actors import probe_handlers
+from tests.actors.harness import PARTITIONS, START, TEST_TENANTS, cluster, create, make_schedules
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -93,14 +96,6 @@ def planner(
         checkpoint=checkpoint,
         next_instant=next_instant,
     )
-
-
-def idle_node_statistics() -> NodeStatistics:
-    clock = ManualClock(T0)
-    node = Node(
-        NodeConfig(node_id="n1", http=""), MemoryLedger(clock=clock), clock, random.Random(1)
-    )
-    return node.statistics()
 
 
 # -- names --------------------------------------------------------------------------------
@@ -425,8 +420,10 @@ def test_a_failing_source_leaves_the_counters_and_is_counted() -> None:
     assert b"carillon_metrics_source_errors_total 1.0" in body
 
 
-def test_node_gauges_compute_planner_lag_and_checkpoint_age_per_partition() -> None:
-    idle = idle_node_statistics()
+# -- the node's gauges -------------------------------------------------------------------
+
+
+def test_partition_gauges_compute_planner_lag_and_checkpoint_age_per_partition() -> None:
     now = T0
     planners = [
         # keeping ahead: next fire beyond now, checkpoint ahead by the lookahead
@@ -436,28 +433,80 @@ def test_node_gauges_compute_planner_lag_and_checkpoint_age_per_partition() -> N
         # just taken over: nothing planned yet, nothing to plan
         planner(3, checkpoint=None, next_instant=None),
     ]
-    statistics = msgspec.structs.replace(
-        idle,
-        planners=PlannerSupervisorStatistics(planners),
-        dispatcher=msgspec.structs.replace(idle.dispatcher, queued=42),
-        leases=msgspec.structs.replace(idle.leases, owned=[1, 2, 3]),
-        clock=msgspec.structs.replace(idle.clock, offset_s=0.4, spread_s=0.1),
-    )
-    result = node_gauges(statistics, now, queue_capacity=100, workers=8)
-    assert result.partitions == [
+    assert partition_gauges(planners, now) == [
         PartitionGauges(1, 0.0, -5.0),
         PartitionGauges(2, 8.0, 9.0),
         PartitionGauges(3, 0.0, None),
     ]
-    assert result.scheduler_lag_s == 8.0
-    assert (result.queue_depth, result.queue_capacity, result.workers_capacity) == (42, 100, 8)
-    assert result.partitions_owned == 3
-    assert result.clock_offset_s == 0.4
-    assert result.live_nodes == 1
 
 
 def test_an_idle_node_has_no_scheduler_lag() -> None:
-    result = node_gauges(idle_node_statistics(), T0, queue_capacity=10, workers=1)
+    clock = ManualClock(T0)
+    config = NodeConfig(node_id="n1", http="", dispatch_queue_max=10, workers=1)
+    node = Node(config, MemoryLedger(clock=clock), clock, random.Random(1))
+    result = node.metrics.gauges()
+    assert result is not None
     assert result.scheduler_lag_s == 0.0
     assert result.partitions == []
+    assert (result.queue_capacity, result.workers_capacity) == (10, 1)
     assert result.planning_allowed is False  # no clock probe yet
+    assert result.clock_offset_s is None
+
+
+async def test_a_running_nodes_gauges_are_what_its_actors_report(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    probe_handlers.reset(run_s=10.0)
+    probe = TaskType(
+        name="probe",
+        kind=HandlerKind.PYTHON,
+        allowed_tenants=TEST_TENANTS,
+        settings={"callable": "tests.actors.probe_handlers:probe"},
+    )
+    schedules = [
+        msgspec.structs.replace(s, task_type="probe")
+        for s in make_schedules(25, START, lambda n: ("0 * * * *", "UTC"))
+    ]
+    first_fire = START.replace(minute=0, second=0) + timedelta(hours=1)
+    async with cluster(workers=2, dispatch_queue_max=500) as c:
+        await c.ledger.task_types_put(TaskTypesPut(probe))
+        await create(c.ledger, schedules)
+        sim = await c.start_node("n1", skew_s=-0.25)
+        await trio.sleep((first_fire - START).total_seconds() + 1)
+        node = sim.node
+        result = node.metrics.gauges()
+        now = node.clock_monitor.now()
+        planners = node.planners.statistics().planners
+        clock = node.clock_monitor.statistics()
+        membership = node.membership.statistics()
+        queued = node.dispatcher.statistics().queued
+        busy = node.workers.statistics().busy
+        stalled_s = node.pipeline.statistics().stalled_s
+        owned = node.lease_keeper.statistics().owned
+    assert result is not None
+    # Distinct values, so that a gauge read from the wrong statistic shows.
+    assert (result.queue_depth, result.workers_busy, result.partitions_owned) == (
+        queued,
+        busy,
+        len(owned),
+    )
+    assert busy == 2
+    assert len(owned) == PARTITIONS
+    assert len({queued, busy, len(owned)}) == 3
+    assert (result.queue_capacity, result.workers_capacity) == (500, 2)
+    assert result.partitions == partition_gauges(planners, now)
+    assert len(result.partitions) == PARTITIONS
+    assert result.scheduler_lag_s == max(p.planner_lag_s for p in result.partitions)
+    assert result.dispatch_stalled_s == stalled_s
+    assert (result.clock_offset_s, result.clock_spread_s, result.planning_allowed) == (
+        clock.offset_s,
+        clock.spread_s,
+        clock.planning_allowed,
+    )
+    assert result.clock_offset_s == 0.25
+    assert (result.live_nodes, result.region_standby, result.region_epoch) == (
+        len(membership.live_nodes),
+        membership.standby,
+        membership.region_epoch,
+    )
+    assert result.live_nodes == 1

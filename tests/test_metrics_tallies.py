@@ -1,5 +1,6 @@
-"""The per-execution metrics tally in plain Python and reach prometheus-client when collected:
-what any read of the registry shows must equal one ``inc``/``observe`` per call.
+"""The per-execution metrics tally in plain Python (``engine/metrics/tallies.py``) and reach
+prometheus-client when collected: what any read of the registry shows must equal one
+``inc``/``observe`` per call.
 
 The flush of a histogram tally writes into prometheus-client's own bucket and sum values (it
 has no public call adding many observations at once); these tests pin that to the result of
@@ -17,6 +18,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from engine.metrics import DURATION_BUCKETS_MS, START_DELAY_BUCKETS_S, NodeMetrics, render
+from engine.metrics.tallies import CounterTally, HistogramTally
 from engine.model import Execution
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
@@ -56,6 +58,35 @@ def edges(buckets: tuple[float, ...]) -> list[float]:
     for bound in buckets:
         values += [bound, math.nextafter(bound, -math.inf), math.nextafter(bound, math.inf)]
     return values
+
+
+@pytest.mark.parametrize("buckets", [DURATION_BUCKETS_MS, START_DELAY_BUCKETS_S])
+def test_a_flushed_histogram_tally_equals_one_observe_per_value(
+    buckets: tuple[float, ...],
+) -> None:
+    ours, reference = CollectorRegistry(), CollectorRegistry()
+    tally = HistogramTally(Histogram("h", "", ["l"], buckets=buckets, registry=ours).labels("x"))
+    observed = Histogram("h", "", ["l"], buckets=buckets, registry=reference).labels("x")
+    rng = random.Random(3)
+    values = edges(buckets) + [-1.0] + [rng.uniform(-1, 2 * buckets[-1]) for _ in range(300)]
+    for n, amount in enumerate(values):
+        tally.observe(amount)
+        observed.observe(amount)
+        if n % 41 == 0:
+            tally.flush()
+            assert same(samples(ours, "h"), samples(reference, "h"))
+    tally.flush()
+    tally.flush()  # nothing pending: adds nothing
+    assert same(samples(ours, "h"), samples(reference, "h"))
+
+
+def test_a_flushed_counter_tally_adds_its_count_once() -> None:
+    registry = CollectorRegistry()
+    tally = CounterTally(Counter("c", "", registry=registry))
+    tally.n += 3
+    tally.flush()
+    tally.flush()
+    assert registry.get_sample_value("c_total") == 3
 
 
 def test_duration_tallies_equal_one_observe_per_attempt() -> None:

@@ -1,7 +1,7 @@
 """The operations kit in docs/ops/: alerting rules, Grafana dashboard and runbook stay true.
 
 Every alert is complete and links to a runbook section that exists; every metric that a rule
-or a dashboard query names is one that ``engine/metrics.py`` declares; every ``carillon``
+or a dashboard query names is one that ``engine/metrics/`` declares; every ``carillon``
 command the runbook tells an operator to type exists. ``promtool`` (when installed) checks
 the rules file, the rules' unit tests and that every dashboard query parses.
 

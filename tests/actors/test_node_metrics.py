@@ -41,6 +41,7 @@ from tests.actors.harness import (
     make_schedules,
 )
 from tests.ledger.backends import put_noop_task_type
+from tests.test_metrics_exposition import FAMILIES, exposed
 
 EVERY_PARTITION = {str(p) for p in range(PARTITIONS)}
 INSTANT = START.replace(minute=0, second=0) + timedelta(hours=1)
@@ -370,6 +371,23 @@ async def test_scrapes_show_owned_partitions_planner_lag_and_checkpoints_while_t
     assert stopped("carillon_partitions_owned") == 0
     assert stopped.by("carillon_planner_lag_seconds", "partition") == {}
     assert stopped.by("carillon_lease_losses_total", "reason") == {"refused": 0, "expired": 0}
+
+
+async def test_a_running_node_exposes_exactly_the_pinned_families(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with cluster() as c:
+        await create(c.ledger, make_schedules(5, START, every_minute))
+        sim = await c.start_node("n1")
+        await trio.sleep(120)
+        body, _ = render(sim.node.metrics.registry)
+    families = exposed(body)
+    assert [(n, k, h) for n, k, _, h in families] == [(n, k, h) for n, k, _, h in FAMILIES]
+    for (name, _, labels, _), (_, _, pinned, _) in zip(families, FAMILIES, strict=True):
+        assert set(labels) <= set(pinned), name
+    labelled = {name: labels for name, _, labels, _ in families}
+    assert labelled["carillon_planner_lag_seconds"] == ("partition",)
+    assert labelled["execution_attempts"] == ("status", "task_type")
 
 
 async def test_planner_lag_grows_per_partition_while_the_clock_monitor_pauses_planning(
