@@ -242,8 +242,9 @@ class Execution(msgspec.Struct, frozen=True, kw_only=True):
     error_message: str | None = None
     fencing_token: int | None = None
     """The fencing token of the lease under which it was last written."""
-    partition_id: int | None = None
-    """The partition of its schedule, assigned by the ledger."""
+    partition_id: int
+    """The partition of its schedule (set by the ledger that planned or triggered it; every
+    partition, 0 included, is a real one)."""
     attempt_expires_at: datetime | None = None
     """While running: when the attempt lease expires and the execution may be re-queued."""
 

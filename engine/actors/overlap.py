@@ -48,7 +48,7 @@ _planned_at: Final = operator.attrgetter("item.planned_at")
 
 
 def _partition_of(execution: Execution) -> int:
-    return execution.partition_id or 0
+    return execution.partition_id
 
 
 class OverlapVerdict(enum.StrEnum):
@@ -157,7 +157,7 @@ class OverlapGuard:
         schedule_id = execution.schedule_id
         if self._running.get(schedule_id, 0) > 0:
             return True
-        owned = self._table.get(execution.partition_id or 0)
+        owned = self._table.get(execution.partition_id)
         token = None if owned is None else owned.fence.fencing_token
         if token is not None and self._idle_verified.get(schedule_id) == token:
             return False
@@ -178,10 +178,10 @@ class OverlapGuard:
     async def _skip(self, executions: list[Execution]) -> None:
         fences: dict[int, Fence] = {}
         for execution in executions:
-            owned = self._table.get(execution.partition_id or 0)
+            owned = self._table.get(execution.partition_id)
             if owned is not None:
                 fences[owned.fence.partition_id] = owned.fence
-        wanted = [e for e in executions if (e.partition_id or 0) in fences]
+        wanted = [e for e in executions if e.partition_id in fences]
 
         async def skip(fences: list[Fence], executions: list[Execution]) -> list[str]:
             params = ExecutionsSkip(
@@ -217,7 +217,7 @@ class OverlapGuard:
     def _release_held(self, schedule_id: str) -> None:
         held = self._held.pop(schedule_id, None)
         # Not owned any more, or no room: it stays queued in the ledger for whoever fetches.
-        if held is not None and (held.partition_id or 0) in self._table:
+        if held is not None and held.partition_id in self._table:
             self.queue.push(held)
 
     async def recheck_held(self) -> bool:
@@ -230,7 +230,7 @@ class OverlapGuard:
             if self._running.get(schedule_id, 0) > 0:
                 continue  # started here: started_done() releases it
             held = self._held.pop(schedule_id)
-            if (held.partition_id or 0) not in self._table:
+            if held.partition_id not in self._table:
                 continue
             checked += 1
             self._held[schedule_id] = held  # re-inserted last: the next pass starts elsewhere
