@@ -64,7 +64,11 @@ from engine.actors.retry import call_fenced
 from engine.actors.schedule_cache import ScheduleCache
 from engine.actors.task_kinds import BLOCKING_GROUP, BLOCKING_KINDS, TaskKinds
 from engine.clock import Clock
-from engine.config import ATTEMPT_LEASE_S_DEFAULT
+from engine.config import (
+    ATTEMPT_LEASE_S_DEFAULT,
+    DISPATCH_BURST_DEFAULT,
+    DISPATCH_QUEUE_MAX_DEFAULT,
+)
 from engine.core.dispatch import ConcurrencyLimits, idle_wait_s
 from engine.core.fair_queue import FairQueue, PushOutcome
 from engine.core.queue_shares import Position, QueueShares
@@ -101,7 +105,6 @@ next fetch, which comes at once while any is wanted."""
 CLAIMERS: Final = 2
 """Claims in flight at once: the next batch is claimed while the previous one's round trip
 is still out."""
-QUEUE_MAX_DEFAULT: Final = 50_000
 SETTINGS_REFRESH_S: Final = 10.0
 """How often task-type caps and tenant weights and quotas are re-read from the ledger."""
 
@@ -110,13 +113,13 @@ class DispatcherConfig(msgspec.Struct, frozen=True):
     node_id: str
     fetch_interval_s: float = FETCH_INTERVAL_S_DEFAULT
     claim_batch: int = CLAIM_BATCH_DEFAULT
-    queue_max: int = QUEUE_MAX_DEFAULT
+    queue_max: int = DISPATCH_QUEUE_MAX_DEFAULT
     fetch_ahead_s: float = FETCH_AHEAD_S_DEFAULT
     """Queue executions this long before their instant (the queue releases none early), so
     a burst is in memory, its schedules read, when it comes due."""
     rate_per_s: float | None = None
     """Node-wide starts per second (``None``: as fast as the workers go)."""
-    burst: int = 1_000
+    burst: int = DISPATCH_BURST_DEFAULT
     smoothing_window_s: float = 0.0
     """Spread a burst's tolerance over this many seconds instead of releasing it at once."""
     attempt_lease_s: float = ATTEMPT_LEASE_S_DEFAULT

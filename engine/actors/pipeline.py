@@ -59,6 +59,7 @@ from engine.actors.schedule_cache import ScheduleCache
 from engine.actors.task_kinds import BLOCKING_GROUP, CACHE_TTL_S_DEFAULT, TaskKinds
 from engine.actors.workers import WorkerPool, WorkerPoolConfig
 from engine.clock import Clock
+from engine.config import DISPATCH_STALL_AFTER_S_DEFAULT
 from engine.core.admission import HandoffSizer
 from engine.core.dispatch import ConcurrencyLimits
 from engine.handlers import HandlerOptions
@@ -68,7 +69,6 @@ from engine.metrics import NodeMetrics
 
 log = logging.getLogger("carillon.pipeline")
 
-STALL_AFTER_S_DEFAULT: Final = 30.0
 WATCH_INTERVAL_S_MAX: Final = 5.0
 """The watchdog looks every sixth of ``stall_after_s``, at most this often apart: a stall is
 measured to within that, and an idle node does not wake every second for it (a day of
@@ -84,7 +84,7 @@ class PipelineConfig(msgspec.Struct, frozen=True):
     completions: CompletionWriterConfig = CompletionWriterConfig()
     webhook: WebhookClientConfig = WebhookClientConfig()
     cache_ttl_s: float = CACHE_TTL_S_DEFAULT
-    stall_after_s: float = STALL_AFTER_S_DEFAULT
+    stall_after_s: float = DISPATCH_STALL_AFTER_S_DEFAULT
     """Due work waiting this long with idle workers and nothing handed on is a stall."""
 
 
