@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -57,13 +56,11 @@ import trio
 
 from engine.actors.announcements import Announcements
 from engine.actors.attempts import DISPATCHING, IN_FLIGHT, LIMITS, Attempt, Room
-from engine.actors.clock_monitor import ClockMonitor
+from engine.actors.context import NodeContext
 from engine.actors.overlap import OverlapGuard
-from engine.actors.partitions import PartitionTable
 from engine.actors.retry import call_fenced
 from engine.actors.schedule_cache import ScheduleCache
 from engine.actors.task_kinds import BLOCKING_GROUP, BLOCKING_KINDS, TaskKinds
-from engine.clock import Clock
 from engine.config import (
     ATTEMPT_LEASE_S_DEFAULT,
     DISPATCH_BURST_DEFAULT,
@@ -80,10 +77,9 @@ from engine.ledger.base import (
     ExecutionsClaim,
     ExecutionsDue,
     Fence,
-    Ledger,
     due_cursor,
 )
-from engine.metrics import SKIP_OVERLAP, NodeMetrics
+from engine.metrics import SKIP_OVERLAP
 from engine.model import Execution
 
 log = logging.getLogger("carillon.dispatcher")
@@ -153,30 +149,25 @@ class Dispatcher:
         self,
         config: DispatcherConfig,
         *,
-        ledger: Ledger,
-        clock: Clock,
-        monitor: ClockMonitor,
-        table: PartitionTable,
+        ctx: NodeContext,
         announcements: Announcements,
         room: Room,
         limits: ConcurrencyLimits,
         schedules: ScheduleCache,
         kinds: TaskKinds,
-        metrics: NodeMetrics,
-        rng: random.Random,
     ) -> None:
         self.config = config
-        self._metrics = metrics
-        self._ledger = ledger
-        self._clock = clock
-        self._monitor = monitor
-        self._table = table
+        self._metrics = ctx.metrics
+        self._ledger = ctx.ledger
+        self._clock = clock = ctx.clock
+        self._monitor = ctx.monitor
+        self._table = ctx.table
         self._announcements = announcements
         self._room = room
         self._limits = limits
         self._schedules = schedules
         self._kinds = kinds
-        self._rng = rng
+        self._rng = ctx.rng
         self.queue: FairQueue[Execution] = FairQueue(max_items=config.queue_max, limits=limits)
         self._bucket = (
             None
@@ -190,7 +181,9 @@ class Dispatcher:
         self._counts = {"claimed": 0, "not_claimed": 0, "fetches": 0, "claim_errors": 0}
         self._settings_due = -math.inf
         self._recheck_due = -math.inf
-        self.overlap = OverlapGuard(ledger, table, schedules, self.queue, rng, kinds.task_type)
+        self.overlap = OverlapGuard(
+            ctx=ctx, schedules=schedules, queue=self.queue, task_type=kinds.task_type
+        )
         self._overlap_skipped_counted = 0
         """``overlap.skipped`` when last added to the metrics."""
         self._dispatching: set[str] = set()

@@ -20,17 +20,16 @@ from __future__ import annotations
 import enum
 import logging
 import operator
-import random
 from collections.abc import Callable
 from typing import Final
 
 from engine.actors.attempts import OVERLAP, Attempt
-from engine.actors.partitions import PartitionTable
+from engine.actors.context import NodeContext
 from engine.actors.retry import call_fenced
 from engine.actors.schedule_cache import UNCACHED, ScheduleCache
 from engine.core.fair_queue import FairQueue
 from engine.errors import CarillonError
-from engine.ledger.base import ExecutionsQuery, ExecutionsSkip, Fence, Ledger
+from engine.ledger.base import ExecutionsQuery, ExecutionsSkip, Fence
 from engine.model import Execution, ExecutionStatus, OverlapPolicy, TaskType, overlap_policy
 
 log = logging.getLogger("carillon.dispatcher")
@@ -63,18 +62,17 @@ class OverlapGuard:
 
     def __init__(
         self,
-        ledger: Ledger,
-        table: PartitionTable,
+        *,
+        ctx: NodeContext,
         schedules: ScheduleCache,
         queue: FairQueue[Execution],
-        rng: random.Random,
         task_type: Callable[[str], TaskType | None],
     ) -> None:
-        self._ledger = ledger
-        self._table = table
+        self._ledger = ctx.ledger
+        self._table = ctx.table
         self._schedules = schedules
         self.queue = queue
-        self._rng = rng
+        self._rng = ctx.rng
         self._task_type = task_type
         self._running: dict[str, int] = {}
         """Executions started by this node and not finished yet, per schedule id."""

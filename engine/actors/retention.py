@@ -26,11 +26,11 @@ from typing import Any, Final
 import msgspec
 import trio
 
-from engine.actors.partitions import PartitionTable
+from engine.actors.context import NodeContext
 from engine.actors.retry import repeat_every
 from engine.config import CHANGE_RETENTION_DAYS_DEFAULT, DAY_S, RETENTION_DAYS_DEFAULT
 from engine.errors import LeaseLost
-from engine.ledger.base import ExecutionsPurge, Ledger, ScheduleChangesPrune
+from engine.ledger.base import ExecutionsPurge, ScheduleChangesPrune
 
 log = logging.getLogger("carillon.retention")
 
@@ -61,10 +61,10 @@ class RetentionStatistics(msgspec.Struct, frozen=True):
 
 
 class RetentionKeeper:
-    def __init__(self, config: RetentionConfig, ledger: Ledger, table: PartitionTable) -> None:
+    def __init__(self, config: RetentionConfig, *, ctx: NodeContext) -> None:
         self.config = config
-        self._ledger = ledger
-        self._table = table
+        self._ledger = ctx.ledger
+        self._table = ctx.table
         self._purged = 0
         self._dead_letters_purged = 0
         self._changes_pruned = 0
