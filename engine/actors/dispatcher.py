@@ -65,6 +65,7 @@ from engine.config import (
     ATTEMPT_LEASE_S_DEFAULT,
     DISPATCH_BURST_DEFAULT,
     DISPATCH_QUEUE_MAX_DEFAULT,
+    DISPATCH_SMOOTHING_WINDOW_S_DEFAULT,
 )
 from engine.core.dispatch import ConcurrencyLimits, idle_wait_s
 from engine.core.fair_queue import FairQueue, PushOutcome
@@ -116,7 +117,7 @@ class DispatcherConfig(msgspec.Struct, frozen=True):
     rate_per_s: float | None = None
     """Node-wide starts per second (``None``: as fast as the workers go)."""
     burst: int = DISPATCH_BURST_DEFAULT
-    smoothing_window_s: float = 0.0
+    smoothing_window_s: float = DISPATCH_SMOOTHING_WINDOW_S_DEFAULT
     """Spread a burst's tolerance over this many seconds instead of releasing it at once."""
     attempt_lease_s: float = ATTEMPT_LEASE_S_DEFAULT
     """How long a claimed attempt is this node's without renewal. The worker pool renews it

@@ -110,7 +110,7 @@ from engine.ledger.base import (
     unknown_task_types,
 )
 from engine.ledger.common import changes_pruned, check_id_prefix, fires_among, unusable_task_types
-from engine.ledger.params import plannable
+from engine.ledger.params import PARTITIONS_DEFAULT, REGION_DEFAULT, plannable
 from engine.model import (
     ConsoleSession,
     Execution,
@@ -141,7 +141,11 @@ class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
     """
 
     def __init__(
-        self, *, clock: Clock, partition_count: int = 64, active_region: str = "default"
+        self,
+        *,
+        clock: Clock,
+        partition_count: int = PARTITIONS_DEFAULT,
+        active_region: str = REGION_DEFAULT,
     ) -> None:
         if partition_count < 1:
             raise ConfigError(f"partition_count must be at least 1, got {partition_count}")
