@@ -95,7 +95,7 @@ class Node:
         self.config = config
         self.ledger = ledger
         self.clock = clock
-        configs = actor_configs(config)
+        self._configs = configs = actor_configs(config)
         self.table = PartitionTable()
         self.cache = TimetableCache()
         self.metrics = NodeMetrics(
@@ -113,14 +113,14 @@ class Node:
         """What the actors share, built once: a restarted actor gets the same."""
         self.membership = Membership(configs.membership, ctx=ctx, planner_lag_s=self._planner_lags)
         self.lease_keeper = LeaseKeeper(configs.leases, ctx=ctx, membership=self.membership)
-        self._planner_config = configs.planner
         self.forecast = BurstForecast(configs.forecast)
-        self.announcements = Announcements(self.clock_monitor.now, configs.fetch_ahead_s)
-        """When to fetch: planners, retries and the change feed announce; the pipeline reads."""
+        self.announcements = Announcements(
+            self.clock_monitor.now, configs.pipeline.dispatcher.fetch_ahead_s
+        )
+        """When to fetch: planners, retries and the change feed announce; the pipeline reads
+        (as far ahead as its dispatcher queues)."""
         self.planners = self._new_planner_supervisor()
         self.change_feed = ChangeFeed(configs.changes, ctx=ctx, sink=self)
-        self._pipeline_config = configs.pipeline
-        self._handler_options = configs.handlers
         self.pipeline = self._new_pipeline()
         self._pipeline_started = False
         self.redeliverer = Redeliverer(configs.redeliverer, ctx=ctx)
@@ -174,10 +174,10 @@ class Node:
 
     def _new_pipeline(self) -> ExecutionPipeline:
         return ExecutionPipeline(
-            self._pipeline_config,
+            self._configs.pipeline,
             ctx=self.context,
             announcements=self.announcements,
-            options=self._handler_options,
+            options=self._configs.handlers,
         )
 
     def _restart_pipeline(self) -> ExecutionPipeline:
@@ -319,7 +319,7 @@ class Node:
 
     def _new_planner_supervisor(self) -> PlannerSupervisor:
         return PlannerSupervisor(
-            self._planner_config,
+            self._configs.planner,
             ctx=self.context,
             cache=self.cache,
             forecast=self.forecast,

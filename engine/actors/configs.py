@@ -11,7 +11,7 @@ import msgspec
 
 from engine.actors.change_feed import ChangeFeedConfig
 from engine.actors.clock_monitor import ClockMonitorConfig
-from engine.actors.dispatcher import FETCH_AHEAD_S_DEFAULT, DispatcherConfig
+from engine.actors.dispatcher import DispatcherConfig
 from engine.actors.forecast import ForecastConfig
 from engine.actors.lease_keeper import LeaseKeeperConfig
 from engine.actors.membership import MembershipConfig
@@ -33,8 +33,6 @@ class ActorConfigs(msgspec.Struct, frozen=True, kw_only=True):
     leases: LeaseKeeperConfig
     planner: PlannerConfig
     forecast: ForecastConfig
-    fetch_ahead_s: float
-    """How far ahead of an announced instant the pipeline fetches (:class:`Announcements`)."""
     changes: ChangeFeedConfig
     pipeline: PipelineConfig
     handlers: HandlerOptions
@@ -58,7 +56,6 @@ def actor_configs(config: NodeConfig) -> ActorConfigs:
         forecast=ForecastConfig(
             config.lookahead_s, config.burst_plan_rate_per_s, config.burst_lookahead_extra_s_max
         ),
-        fetch_ahead_s=FETCH_AHEAD_S_DEFAULT,
         changes=ChangeFeedConfig(config.change_poll_interval_s),
         pipeline=PipelineConfig(
             DispatcherConfig(
