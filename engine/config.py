@@ -13,6 +13,7 @@ from typing import Final
 import msgspec
 
 from engine.errors import ConfigError
+from engine.ledger.params import REGION_DEFAULT
 
 LEASE_TTL_S_DEFAULT: Final = 15.0
 LEASE_SAFETY_MARGIN_S_DEFAULT: Final = 2.0
@@ -28,6 +29,8 @@ CLOCK_PROBE_INTERVAL_S_DEFAULT: Final = 5.0
 CHANGE_POLL_INTERVAL_S_DEFAULT: Final = 1.0
 SHUTDOWN_TIMEOUT_S_DEFAULT: Final = 10.0
 CATCHUP_GRACE_S_DEFAULT: Final = 60.0
+DAY_S: Final = 86_400.0
+"""The ``*_days`` settings are kept in days; the actors count seconds."""
 RETENTION_DAYS_DEFAULT: Final = 7.0
 CHANGE_RETENTION_DAYS_DEFAULT: Final = 7.0
 """Schedule changes are pruned after this long: far beyond any pause a node rides out (its
@@ -44,6 +47,8 @@ BLOCKING_WORKERS_DEFAULT: Final = 32
 WEBHOOK_CONNECTIONS_PER_HOST_DEFAULT: Final = 256
 WEBHOOK_CONNECTIONS_TOTAL_DEFAULT: Final = 1_024
 DISPATCH_QUEUE_MAX_DEFAULT: Final = 50_000
+DISPATCH_BURST_DEFAULT: Final = 1_000
+DISPATCH_SMOOTHING_WINDOW_S_DEFAULT: Final = 0.0
 DISPATCH_STALL_AFTER_S_DEFAULT: Final = 30.0
 SLO_TARGET_S_DEFAULT: Final = 60.0
 """A first attempt started within this many seconds of its planned instant is on time."""
@@ -86,7 +91,7 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """Unique per process; two live processes never share one (the default adds randomness)."""
     database_url: str | None = None
     """``None``: resolve as documented in the README (env, local server, embedded)."""
-    region: str = "default"
+    region: str = REGION_DEFAULT
     lease_ttl_s: float = LEASE_TTL_S_DEFAULT
     """How long a partition lease lasts in the database without renewal."""
     lease_safety_margin_s: float = LEASE_SAFETY_MARGIN_S_DEFAULT
@@ -125,9 +130,9 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """Most webhook connections open at once (each is a file descriptor)."""
     dispatch_rate_per_s: float = 0.0
     """Starts per second across this node (0: as fast as the workers go)."""
-    dispatch_burst: int = 1_000
+    dispatch_burst: int = DISPATCH_BURST_DEFAULT
     """Starts allowed at once above the rate."""
-    dispatch_smoothing_window_s: float = 0.0
+    dispatch_smoothing_window_s: float = DISPATCH_SMOOTHING_WINDOW_S_DEFAULT
     """Spread the burst allowance over this many seconds instead of releasing it at once."""
     attempt_lease_s: float = ATTEMPT_LEASE_S_DEFAULT
     """A claimed attempt is this node's for this long, renewed every third of it while it

@@ -28,9 +28,14 @@ PAYLOAD_BYTES_MAX: Final = 64 * 1024
 """Largest JSON-encoded payload a schedule may carry."""
 CATCH_UP_WINDOW_S_DEFAULT: Final = 3600.0
 CATCH_UP_WINDOW_S_MAX: Final = 7 * 24 * 3600.0
+TASK_TIMEOUT_S_DEFAULT: Final = 30.0
+"""How long one attempt of a task type that names no ``timeout_s`` may run."""
 TASK_TIMEOUT_S_MAX: Final = 24 * 3600.0
 """Longest a task type may let one attempt run."""
+MAX_ATTEMPTS_DEFAULT: Final = 5
 MAX_ATTEMPTS_MAX: Final = 100
+BACKOFF_BASE_S_DEFAULT: Final = 1.0
+BACKOFF_MAX_S_DEFAULT: Final = 60.0
 BACKOFF_S_MAX: Final = 24 * 3600.0
 """Longest retry delay a task type may ask for."""
 CONCURRENCY_MAX: Final = 1_000_000
@@ -145,16 +150,16 @@ class TaskType(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     kind: HandlerKind
     settings: dict[str, Any] = msgspec.field(default_factory=dict)
-    timeout_s: float = 30.0
+    timeout_s: float = TASK_TIMEOUT_S_DEFAULT
     """How long one attempt may run before it is abandoned as failed."""
     max_concurrency: int | None = None
     """Most executions of this type running at once on one node (``None``: no cap)."""
     max_concurrency_cluster: int | None = None
     """Most executions of this type running at once in the whole cluster (``None``: no cap)."""
-    max_attempts: int = 5
+    max_attempts: int = MAX_ATTEMPTS_DEFAULT
     """Attempts before a failing execution is dead-lettered (1: never retried)."""
-    backoff_base_s: float = 1.0
-    backoff_max_s: float = 60.0
+    backoff_base_s: float = BACKOFF_BASE_S_DEFAULT
+    backoff_max_s: float = BACKOFF_MAX_S_DEFAULT
     overlap: OverlapPolicy | None = None
     """The overlap policy of schedules of this type that do not choose one."""
     tenant_id: str | None = None
@@ -242,8 +247,9 @@ class Execution(msgspec.Struct, frozen=True, kw_only=True):
     error_message: str | None = None
     fencing_token: int | None = None
     """The fencing token of the lease under which it was last written."""
-    partition_id: int | None = None
-    """The partition of its schedule, assigned by the ledger."""
+    partition_id: int
+    """The partition of its schedule (set by the ledger that planned or triggered it; every
+    partition, 0 included, is a real one)."""
     attempt_expires_at: datetime | None = None
     """While running: when the attempt lease expires and the execution may be re-queued."""
 

@@ -43,36 +43,23 @@ import msgspec
 import trio
 
 from engine.actors.announcements import Announcements
-from engine.actors.change_feed import ChangeFeed, ChangeFeedConfig, ChangeFeedStatistics
-from engine.actors.clock_monitor import ClockMonitor, ClockMonitorConfig, ClockStatistics
+from engine.actors.change_feed import ChangeFeed, ChangeFeedStatistics
+from engine.actors.clock_monitor import ClockMonitor, ClockStatistics
 from engine.actors.completions import CompletionStatistics, CompletionWriter
-from engine.actors.dispatcher import (
-    FETCH_AHEAD_S_DEFAULT,
-    Dispatcher,
-    DispatcherConfig,
-    DispatcherStatistics,
-)
-from engine.actors.forecast import BurstForecast, ForecastConfig
-from engine.actors.lease_keeper import (
-    HAND_BACK_DRAIN_S,
-    LeaseKeeper,
-    LeaseKeeperConfig,
-    LeaseStatistics,
-)
-from engine.actors.membership import Membership, MembershipConfig, MembershipStatistics
+from engine.actors.configs import actor_configs
+from engine.actors.context import NodeContext
+from engine.actors.dispatcher import Dispatcher, DispatcherStatistics
+from engine.actors.forecast import BurstForecast
+from engine.actors.lease_keeper import HAND_BACK_DRAIN_S, LeaseKeeper, LeaseStatistics
+from engine.actors.membership import Membership, MembershipStatistics
 from engine.actors.partitions import PartitionTable
-from engine.actors.pipeline import ExecutionPipeline, PipelineConfig, PipelineStatistics
-from engine.actors.planner import PlannerConfig, PlannerStatistics
+from engine.actors.pipeline import ExecutionPipeline, PipelineStatistics
+from engine.actors.planner import PlannerStatistics
 from engine.actors.planner_supervisor import PlannerSupervisor, PlannerSupervisorStatistics
-from engine.actors.redeliverer import Redeliverer, RedelivererConfig, RedelivererStatistics
-from engine.actors.retention import RetentionConfig, RetentionKeeper, RetentionStatistics
+from engine.actors.redeliverer import Redeliverer, RedelivererStatistics
+from engine.actors.retention import RetentionKeeper, RetentionStatistics
 from engine.actors.supervisor import ChildSpec, Supervisor, SupervisorStatistics
-from engine.actors.workers import (
-    WorkerPool,
-    WorkerPoolConfig,
-    WorkerStatistics,
-    renew_check_s_for,
-)
+from engine.actors.workers import WorkerPool, WorkerStatistics
 from engine.api.app import ANONYMOUS_BURST, ANONYMOUS_RATE_PER_S, ApiConfig, ApiContext
 from engine.api.auth import Authenticator
 from engine.api.console.web import ConsoleSettings
@@ -82,8 +69,6 @@ from engine.config import NodeConfig
 from engine.core.timetable import TimetableCache
 from engine.errors import ConfigError, LedgerUnavailable
 from engine.gc_thresholds import raised_gc_thresholds
-from engine.handlers import HandlerOptions
-from engine.handlers.http_client import WebhookClientConfig
 from engine.ledger.base import Ledger
 from engine.metrics import NodeGauges, NodeMetrics, PartitionGauges, render
 
@@ -133,99 +118,36 @@ class Node:
         self.config = config
         self.ledger = ledger
         self.clock = clock
-        self._rng = rng
+        self._configs = configs = actor_configs(config)
         self.table = PartitionTable()
         self.cache = TimetableCache()
         self.metrics = NodeMetrics(
             slo_target_s=config.slo_target_s, tenant_labels=config.metrics_tenant_labels
         )
-        self.clock_monitor = ClockMonitor(
-            ClockMonitorConfig(config.clock_skew_bound_s, config.clock_probe_interval_s),
-            ledger,
-            clock,
-            rng,
-        )
-        self.membership = Membership(
-            MembershipConfig(config.node_id, config.region, config.lease_ttl_s),
-            ledger,
-            clock,
-            rng,
-            lambda: self.clock_monitor.statistics().offset_s,
-            self._planner_lags,
-        )
-        self.lease_keeper = LeaseKeeper(
-            LeaseKeeperConfig(
-                config.node_id, config.lease_ttl_s, config.lease_safety_margin_s, config.region
-            ),
-            ledger,
-            clock,
-            self.table,
-            self.membership,
-            rng,
+        self.clock_monitor = ClockMonitor(configs.clock, ledger=ledger, clock=clock, rng=rng)
+        self.context = ctx = NodeContext(
+            ledger=ledger,
+            clock=clock,
+            monitor=self.clock_monitor,
+            table=self.table,
+            rng=rng,
             metrics=self.metrics,
         )
-        self._planner_config = PlannerConfig(
-            lookahead_s=config.lookahead_s,
-            batch_max=config.plan_batch_max,
-            catchup_grace_s=config.catchup_grace_s,
+        """What the actors share, built once: a restarted actor gets the same."""
+        self.membership = Membership(configs.membership, ctx=ctx, planner_lag_s=self._planner_lags)
+        self.lease_keeper = LeaseKeeper(configs.leases, ctx=ctx, membership=self.membership)
+        self.forecast = BurstForecast(configs.forecast)
+        self.announcements = Announcements(
+            self.clock_monitor.now, configs.pipeline.dispatcher.fetch_ahead_s
         )
-        self.forecast = BurstForecast(
-            ForecastConfig(
-                config.lookahead_s,
-                config.burst_plan_rate_per_s,
-                config.burst_lookahead_extra_s_max,
-            )
-        )
-        self.announcements = Announcements(self.clock_monitor.now, FETCH_AHEAD_S_DEFAULT)
-        """When to fetch: planners, retries and the change feed announce; the pipeline reads."""
+        """When to fetch: planners, retries and the change feed announce; the pipeline reads
+        (as far ahead as its dispatcher queues)."""
         self.planners = self._new_planner_supervisor()
-        self.change_feed = ChangeFeed(
-            ChangeFeedConfig(config.change_poll_interval_s),
-            ledger,
-            self,
-            rng,
-            metrics=self.metrics,
-        )
-        self._pipeline_config = PipelineConfig(
-            DispatcherConfig(
-                node_id=config.node_id,
-                queue_max=config.dispatch_queue_max,
-                rate_per_s=config.dispatch_rate_per_s or None,
-                burst=config.dispatch_burst,
-                smoothing_window_s=config.dispatch_smoothing_window_s,
-                attempt_lease_s=config.attempt_lease_s,
-            ),
-            WorkerPoolConfig(
-                workers=config.workers,
-                blocking_workers=config.blocking_workers,
-                renew_check_s=renew_check_s_for(config.attempt_lease_s),
-            ),
-            webhook=WebhookClientConfig(
-                connections_per_host=config.webhook_connections_per_host,
-                connections_total=config.webhook_connections_total,
-            ),
-            stall_after_s=config.dispatch_stall_after_s,
-        )
-        self._handler_options = HandlerOptions(
-            webhook_allow_cidrs=config.webhook_allow_list,
-            enable_shell=config.enable_shell,
-            enable_python=config.enable_python,
-            python_modules=config.python_module_list,
-        )
+        self.change_feed = ChangeFeed(configs.changes, ctx=ctx, sink=self)
         self.pipeline = self._new_pipeline()
         self._pipeline_started = False
-        self.redeliverer = Redeliverer(
-            RedelivererConfig(), ledger, self.table, metrics=self.metrics
-        )
-        self.retention = RetentionKeeper(
-            RetentionConfig(
-                keep_s=config.retention_days * 86400,
-                dead_letters_keep_s=(config.dead_letter_retention_days * 86400 or None),
-                changes_keep_s=config.change_retention_days * 86400,
-            ),
-            ledger,
-            self.table,
-        )
+        self.redeliverer = Redeliverer(configs.redeliverer, ctx=ctx)
+        self.retention = RetentionKeeper(configs.retention, ctx=ctx)
         self.api = self._new_api()
         self.supervisor = Supervisor(
             [
@@ -291,15 +213,10 @@ class Node:
 
     def _new_pipeline(self) -> ExecutionPipeline:
         return ExecutionPipeline(
-            self._pipeline_config,
-            ledger=self.ledger,
-            clock=self.clock,
-            monitor=self.clock_monitor,
-            table=self.table,
+            self._configs.pipeline,
+            ctx=self.context,
             announcements=self.announcements,
-            options=self._handler_options,
-            metrics=self.metrics,
-            rng=self._rng,
+            options=self._configs.handlers,
         )
 
     def _restart_pipeline(self) -> ExecutionPipeline:
@@ -441,15 +358,11 @@ class Node:
 
     def _new_planner_supervisor(self) -> PlannerSupervisor:
         return PlannerSupervisor(
-            self._planner_config,
-            self.ledger,
-            self.clock_monitor,
-            self.cache,
-            self.table,
-            self._rng,
-            self.forecast,
-            self.announcements.announce,
-            metrics=self.metrics,
+            self._configs.planner,
+            ctx=self.context,
+            cache=self.cache,
+            forecast=self.forecast,
+            on_planned=self.announcements.announce,
         )
 
     def _restart_planners(self) -> PlannerSupervisor:

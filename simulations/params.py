@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from engine.config import NodeConfig
+from engine.config import SHUTDOWN_TIMEOUT_S_DEFAULT, NodeConfig
 from engine.ledger.base import REGION_DEFAULT
 from simulations import oracle
 from simulations.scenario import Fault, HandlerFaults, HandlerLatency, SlowHandler, describe
@@ -67,7 +67,7 @@ class NodeSettings:
     catchup_grace_s: float
     attempt_lease_s: float
     workers: int = 64
-    shutdown_timeout_s: float = 10.0
+    shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S_DEFAULT
     retention_days: float = 30.0
 
     def config(self, node_id: str, region: str = REGION_DEFAULT) -> NodeConfig:

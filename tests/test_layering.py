@@ -79,6 +79,17 @@ def test_only_the_api_touches_the_web_stack() -> None:
     assert all(module.startswith(WEB_IMPORTERS_PREFIX) for module in importers)
 
 
+def test_actors_never_import_the_node() -> None:
+    """The node wires the actors (``engine/node.py``); they get what they share as a
+    ``NodeContext`` (``engine/actors/context.py``), never by reaching back into the node."""
+    importers = {
+        str(path.relative_to(ENGINE))
+        for path in (ENGINE / "actors").rglob("*.py")
+        if any(matches(name, "engine.node") for name in imports_of(path))
+    }
+    assert importers == set()
+
+
 def test_engine_never_imports_simulations_or_tests() -> None:
     importers = {
         str(path.relative_to(ENGINE))

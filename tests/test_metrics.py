@@ -53,6 +53,7 @@ def execution(*, tenant: str = "acme", attempt: int = 1, task_type: str = "hook"
         task_type=task_type,
         planned_at=T0,
         attempt=attempt,
+        partition_id=0,
     )
 
 

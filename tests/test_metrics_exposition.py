@@ -162,7 +162,12 @@ def every_series(tenant_labels: bool) -> NodeMetrics:
     metrics.skipped(SKIP_OVERLAP)
     metrics.execution_started(
         Execution(
-            execution_id="s:1", schedule_id="s", tenant_id="t", task_type="hook", planned_at=T0
+            execution_id="s:1",
+            schedule_id="s",
+            tenant_id="t",
+            task_type="hook",
+            partition_id=0,
+            planned_at=T0,
         ),
         1.0,
     )

@@ -32,6 +32,7 @@ def execution(tenant: str = "acme", attempt: int = 1) -> Execution:
         task_type="hook",
         planned_at=T0,
         attempt=attempt,
+        partition_id=0,
     )
 
 

@@ -57,11 +57,26 @@ def test_records_round_trip_through_json() -> None:
     assert msgspec.json.decode(msgspec.json.encode(schedule), type=Schedule) == schedule
     execution = Execution(
         execution_id="s1:2026-01-01T00:00:00Z", schedule_id="s1", tenant_id="t1",
-        task_type="noop", planned_at=datetime(2026, 1, 1, tzinfo=UTC),
+        task_type="noop", planned_at=datetime(2026, 1, 1, tzinfo=UTC), partition_id=0,
     )  # fmt: skip
     encoded = msgspec.json.encode(execution)
     assert b'"status":"queued"' in encoded
     assert msgspec.json.decode(encoded, type=Execution) == execution
+
+
+def test_an_execution_always_names_its_partition_and_zero_is_one() -> None:
+    # What the API has always sent: both ledgers set the partition (Postgres: NOT NULL since
+    # migration 0001), so every stored or served execution decodes.
+    served = (
+        b'{"execution_id":"s1:2026-01-01T00:00:00Z","schedule_id":"s1","tenant_id":"t1",'
+        b'"task_type":"noop","planned_at":"2026-01-01T00:00:00Z","status":"succeeded",'
+        b'"attempt":1,"fencing_token":3,"partition_id":0}'
+    )
+    execution = msgspec.json.decode(served, type=Execution)
+    assert execution.partition_id == 0
+    for without in (b"", b',"partition_id":null'):
+        with pytest.raises(msgspec.ValidationError, match="partition_id"):
+            msgspec.json.decode(served.replace(b',"partition_id":0', without), type=Execution)
 
 
 def test_terminal_statuses() -> None:

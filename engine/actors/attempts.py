@@ -65,7 +65,7 @@ class Attempt(AttemptTicket[Execution]):
         # AttemptTicket.__init__ written out: one call fewer per attempt.
         self.item = execution
         self._held = {} if held is None else dict(held)
-        self.partition_id = execution.partition_id or 0
+        self.partition_id = execution.partition_id
         self.claimed = False
         """The ledger has it running under this node's attempt (set by the claim)."""
         self.lease_s = 0.0

@@ -19,16 +19,15 @@ missed ``executions_added`` change would have), logs a warning and counts it
 from __future__ import annotations
 
 import logging
-import random
 from typing import Any, Protocol
 
 import msgspec
 import trio
 
+from engine.actors.context import NodeContext
 from engine.actors.retry import retry_unavailable
 from engine.errors import ChangesPruned, LedgerUnavailable
-from engine.ledger.base import PAGE_SIZE_MAX, Ledger, ScheduleChangesSince
-from engine.metrics import NodeMetrics
+from engine.ledger.base import PAGE_SIZE_MAX, ScheduleChangesSince
 
 log = logging.getLogger("carillon.changes")
 
@@ -56,17 +55,15 @@ class ChangeFeed:
     def __init__(
         self,
         config: ChangeFeedConfig,
-        ledger: Ledger,
-        sink: ChangeSink,
-        rng: random.Random,
         *,
-        metrics: NodeMetrics | None = None,
+        ctx: NodeContext,
+        sink: ChangeSink,
     ) -> None:
         self.config = config
-        self._ledger = ledger
+        self._ledger = ctx.ledger
         self._sink = sink
-        self._rng = rng
-        self._metrics = metrics
+        self._rng = ctx.rng
+        self._metrics = ctx.metrics
         self.watermark = 0
         self._delivered = 0
         self._gap_reloads = 0
@@ -118,8 +115,7 @@ class ChangeFeed:
         )
         self.watermark = max(head, gap.pruned_through, self.watermark)
         self._gap_reloads += 1
-        if self._metrics is not None:
-            self._metrics.change_feed_gap()
+        self._metrics.change_feed_gap()
         self._sink.reload_all()
 
     def statistics(self) -> ChangeFeedStatistics:

@@ -60,7 +60,7 @@ class ClockStatistics(msgspec.Struct, frozen=True):
 
 class ClockMonitor:
     def __init__(
-        self, config: ClockMonitorConfig, ledger: Ledger, clock: Clock, rng: random.Random
+        self, config: ClockMonitorConfig, *, ledger: Ledger, clock: Clock, rng: random.Random
     ) -> None:
         self.config = config
         self._ledger = ledger

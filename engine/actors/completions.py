@@ -14,16 +14,15 @@ downstream). Written, refused or dropped, every attempt of a batch is closed in 
 from __future__ import annotations
 
 import logging
-import random
 from typing import Any, Final
 
 import msgspec
 import trio
 
 from engine.actors.attempts import Attempt
-from engine.actors.partitions import PartitionTable
+from engine.actors.context import NodeContext
 from engine.actors.retry import call_fenced
-from engine.ledger.base import CompleteResult, Completion, ExecutionsComplete, Fence, Ledger
+from engine.ledger.base import CompleteResult, Completion, ExecutionsComplete, Fence
 
 log = logging.getLogger("carillon.completions")
 
@@ -55,14 +54,12 @@ class CompletionWriter:
         self,
         config: CompletionWriterConfig,
         *,
-        ledger: Ledger,
-        table: PartitionTable,
-        rng: random.Random,
+        ctx: NodeContext,
     ) -> None:
         self.config = config
-        self._ledger = ledger
-        self._table = table
-        self._rng = rng
+        self._ledger = ctx.ledger
+        self._table = ctx.table
+        self._rng = ctx.rng
         self._counts = {"written": 0, "stale": 0, "dropped": 0, "batches": 0}
 
     async def run(

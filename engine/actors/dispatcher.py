@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -57,14 +56,17 @@ import trio
 
 from engine.actors.announcements import Announcements
 from engine.actors.attempts import DISPATCHING, IN_FLIGHT, LIMITS, Attempt, Room
-from engine.actors.clock_monitor import ClockMonitor
+from engine.actors.context import NodeContext
 from engine.actors.overlap import OverlapGuard
-from engine.actors.partitions import PartitionTable
 from engine.actors.retry import call_fenced
 from engine.actors.schedule_cache import ScheduleCache
 from engine.actors.task_kinds import BLOCKING_GROUP, BLOCKING_KINDS, TaskKinds
-from engine.clock import Clock
-from engine.config import ATTEMPT_LEASE_S_DEFAULT
+from engine.config import (
+    ATTEMPT_LEASE_S_DEFAULT,
+    DISPATCH_BURST_DEFAULT,
+    DISPATCH_QUEUE_MAX_DEFAULT,
+    DISPATCH_SMOOTHING_WINDOW_S_DEFAULT,
+)
 from engine.core.dispatch import ConcurrencyLimits, idle_wait_s
 from engine.core.fair_queue import FairQueue, PushOutcome
 from engine.core.queue_shares import Position, QueueShares
@@ -76,10 +78,9 @@ from engine.ledger.base import (
     ExecutionsClaim,
     ExecutionsDue,
     Fence,
-    Ledger,
     due_cursor,
 )
-from engine.metrics import SKIP_OVERLAP, NodeMetrics
+from engine.metrics import SKIP_OVERLAP
 from engine.model import Execution
 
 log = logging.getLogger("carillon.dispatcher")
@@ -101,7 +102,6 @@ next fetch, which comes at once while any is wanted."""
 CLAIMERS: Final = 2
 """Claims in flight at once: the next batch is claimed while the previous one's round trip
 is still out."""
-QUEUE_MAX_DEFAULT: Final = 50_000
 SETTINGS_REFRESH_S: Final = 10.0
 """How often task-type caps and tenant weights and quotas are re-read from the ledger."""
 
@@ -110,14 +110,14 @@ class DispatcherConfig(msgspec.Struct, frozen=True):
     node_id: str
     fetch_interval_s: float = FETCH_INTERVAL_S_DEFAULT
     claim_batch: int = CLAIM_BATCH_DEFAULT
-    queue_max: int = QUEUE_MAX_DEFAULT
+    queue_max: int = DISPATCH_QUEUE_MAX_DEFAULT
     fetch_ahead_s: float = FETCH_AHEAD_S_DEFAULT
     """Queue executions this long before their instant (the queue releases none early), so
     a burst is in memory, its schedules read, when it comes due."""
     rate_per_s: float | None = None
     """Node-wide starts per second (``None``: as fast as the workers go)."""
-    burst: int = 1_000
-    smoothing_window_s: float = 0.0
+    burst: int = DISPATCH_BURST_DEFAULT
+    smoothing_window_s: float = DISPATCH_SMOOTHING_WINDOW_S_DEFAULT
     """Spread a burst's tolerance over this many seconds instead of releasing it at once."""
     attempt_lease_s: float = ATTEMPT_LEASE_S_DEFAULT
     """How long a claimed attempt is this node's without renewal. The worker pool renews it
@@ -150,30 +150,25 @@ class Dispatcher:
         self,
         config: DispatcherConfig,
         *,
-        ledger: Ledger,
-        clock: Clock,
-        monitor: ClockMonitor,
-        table: PartitionTable,
+        ctx: NodeContext,
         announcements: Announcements,
         room: Room,
         limits: ConcurrencyLimits,
         schedules: ScheduleCache,
         kinds: TaskKinds,
-        metrics: NodeMetrics,
-        rng: random.Random,
     ) -> None:
         self.config = config
-        self._metrics = metrics
-        self._ledger = ledger
-        self._clock = clock
-        self._monitor = monitor
-        self._table = table
+        self._metrics = ctx.metrics
+        self._ledger = ctx.ledger
+        self._clock = clock = ctx.clock
+        self._monitor = ctx.monitor
+        self._table = ctx.table
         self._announcements = announcements
         self._room = room
         self._limits = limits
         self._schedules = schedules
         self._kinds = kinds
-        self._rng = rng
+        self._rng = ctx.rng
         self.queue: FairQueue[Execution] = FairQueue(max_items=config.queue_max, limits=limits)
         self._bucket = (
             None
@@ -187,7 +182,9 @@ class Dispatcher:
         self._counts = {"claimed": 0, "not_claimed": 0, "fetches": 0, "claim_errors": 0}
         self._settings_due = -math.inf
         self._recheck_due = -math.inf
-        self.overlap = OverlapGuard(ledger, table, schedules, self.queue, rng, kinds.task_type)
+        self.overlap = OverlapGuard(
+            ctx=ctx, schedules=schedules, queue=self.queue, task_type=kinds.task_type
+        )
         self._overlap_skipped_counted = 0
         """``overlap.skipped`` when last added to the metrics."""
         self._dispatching: set[str] = set()

@@ -38,15 +38,13 @@ cut short, and trust windows run out on their own -- the node steps down and ret
 from __future__ import annotations
 
 import logging
-import random
 from typing import Any, Final
 
 import msgspec
 import trio
 
+from engine.actors.context import NodeContext
 from engine.actors.membership import Membership, wake_after_expiry
-from engine.actors.partitions import PartitionTable
-from engine.clock import Clock
 from engine.core.ownership import plan_ownership
 from engine.errors import LedgerUnavailable
 from engine.ledger.base import (
@@ -55,9 +53,8 @@ from engine.ledger.base import (
     LeasesAcquire,
     LeasesRelease,
     LeasesRenew,
-    Ledger,
 )
-from engine.metrics import LEASE_LOST_EXPIRED, LEASE_LOST_REFUSED, NodeMetrics
+from engine.metrics import LEASE_LOST_EXPIRED, LEASE_LOST_REFUSED
 
 log = logging.getLogger("carillon.leases")
 
@@ -97,21 +94,17 @@ class LeaseKeeper:
     def __init__(
         self,
         config: LeaseKeeperConfig,
-        ledger: Ledger,
-        clock: Clock,
-        table: PartitionTable,
-        membership: Membership,
-        rng: random.Random,
         *,
-        metrics: NodeMetrics,
+        ctx: NodeContext,
+        membership: Membership,
     ) -> None:
         self.config = config
-        self._metrics = metrics
-        self._ledger = ledger
-        self._clock = clock
-        self._table = table
+        self._metrics = ctx.metrics
+        self._ledger = ctx.ledger
+        self._clock = ctx.clock
+        self._table = ctx.table
         self._membership = membership
-        self._rng = rng
+        self._rng = ctx.rng
         self._counts = {"acquired": 0, "released": 0, "lost": 0, "expired": 0, "failures": 0}
         self._target: int | None = None
         self._wake_at_expiry: float | None = None

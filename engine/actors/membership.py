@@ -15,7 +15,6 @@ region is on standby (it heartbeats, and acquires nothing).
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any, Final
@@ -23,10 +22,10 @@ from typing import Any, Final
 import msgspec
 import trio
 
+from engine.actors.context import NodeContext
 from engine.actors.retry import retry_unavailable
-from engine.clock import Clock
 from engine.errors import LedgerUnavailable
-from engine.ledger.base import ClusterSettings, Ledger, NodesHeartbeat
+from engine.ledger.base import ClusterSettings, NodesHeartbeat
 
 log = logging.getLogger("carillon.membership")
 
@@ -76,20 +75,18 @@ class Membership:
     def __init__(
         self,
         config: MembershipConfig,
-        ledger: Ledger,
-        clock: Clock,
-        rng: random.Random,
-        clock_offset_s: Callable[[], float | None] = lambda: None,
+        *,
+        ctx: NodeContext,
         planner_lag_s: Callable[[], dict[int, float]] = dict,
     ) -> None:
         self._planner_lag_s = planner_lag_s
         self.config = config
-        self._clock_offset_s = clock_offset_s
-        """The node's measured offset to the database clock, published with each beat (for
+        self._monitor = ctx.monitor
+        """Whose measured offset to the database clock each beat publishes (for
         ``GET /v1/cluster``)."""
-        self._ledger = ledger
-        self._clock = clock
-        self._rng = rng
+        self._ledger = ctx.ledger
+        self._clock = ctx.clock
+        self._rng = ctx.rng
         self.live_nodes: list[str] = [config.node_id]
         self.changes = 0
         """How many times the live set changed (see :meth:`wait_changed`)."""
@@ -124,7 +121,7 @@ class Membership:
                 self.config.node_id,
                 self.config.region,
                 self.config.ttl_s,
-                clock_offset_s=self._clock_offset_s(),
+                clock_offset_s=self._monitor.statistics().offset_s,
                 planner_lag_s=self._planner_lag_s(),
             )
         )

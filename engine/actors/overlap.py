@@ -20,17 +20,16 @@ from __future__ import annotations
 import enum
 import logging
 import operator
-import random
 from collections.abc import Callable
 from typing import Final
 
 from engine.actors.attempts import OVERLAP, Attempt
-from engine.actors.partitions import PartitionTable
+from engine.actors.context import NodeContext
 from engine.actors.retry import call_fenced
 from engine.actors.schedule_cache import UNCACHED, ScheduleCache
 from engine.core.fair_queue import FairQueue
 from engine.errors import CarillonError
-from engine.ledger.base import ExecutionsQuery, ExecutionsSkip, Fence, Ledger
+from engine.ledger.base import ExecutionsQuery, ExecutionsSkip, Fence
 from engine.model import Execution, ExecutionStatus, OverlapPolicy, TaskType, overlap_policy
 
 log = logging.getLogger("carillon.dispatcher")
@@ -48,7 +47,7 @@ _planned_at: Final = operator.attrgetter("item.planned_at")
 
 
 def _partition_of(execution: Execution) -> int:
-    return execution.partition_id or 0
+    return execution.partition_id
 
 
 class OverlapVerdict(enum.StrEnum):
@@ -63,18 +62,17 @@ class OverlapGuard:
 
     def __init__(
         self,
-        ledger: Ledger,
-        table: PartitionTable,
+        *,
+        ctx: NodeContext,
         schedules: ScheduleCache,
         queue: FairQueue[Execution],
-        rng: random.Random,
         task_type: Callable[[str], TaskType | None],
     ) -> None:
-        self._ledger = ledger
-        self._table = table
+        self._ledger = ctx.ledger
+        self._table = ctx.table
         self._schedules = schedules
         self.queue = queue
-        self._rng = rng
+        self._rng = ctx.rng
         self._task_type = task_type
         self._running: dict[str, int] = {}
         """Executions started by this node and not finished yet, per schedule id."""
@@ -157,7 +155,7 @@ class OverlapGuard:
         schedule_id = execution.schedule_id
         if self._running.get(schedule_id, 0) > 0:
             return True
-        owned = self._table.get(execution.partition_id or 0)
+        owned = self._table.get(execution.partition_id)
         token = None if owned is None else owned.fence.fencing_token
         if token is not None and self._idle_verified.get(schedule_id) == token:
             return False
@@ -178,10 +176,10 @@ class OverlapGuard:
     async def _skip(self, executions: list[Execution]) -> None:
         fences: dict[int, Fence] = {}
         for execution in executions:
-            owned = self._table.get(execution.partition_id or 0)
+            owned = self._table.get(execution.partition_id)
             if owned is not None:
                 fences[owned.fence.partition_id] = owned.fence
-        wanted = [e for e in executions if (e.partition_id or 0) in fences]
+        wanted = [e for e in executions if e.partition_id in fences]
 
         async def skip(fences: list[Fence], executions: list[Execution]) -> list[str]:
             params = ExecutionsSkip(
@@ -217,7 +215,7 @@ class OverlapGuard:
     def _release_held(self, schedule_id: str) -> None:
         held = self._held.pop(schedule_id, None)
         # Not owned any more, or no room: it stays queued in the ledger for whoever fetches.
-        if held is not None and (held.partition_id or 0) in self._table:
+        if held is not None and held.partition_id in self._table:
             self.queue.push(held)
 
     async def recheck_held(self) -> bool:
@@ -230,7 +228,7 @@ class OverlapGuard:
             if self._running.get(schedule_id, 0) > 0:
                 continue  # started here: started_done() releases it
             held = self._held.pop(schedule_id)
-            if (held.partition_id or 0) not in self._table:
+            if held.partition_id not in self._table:
                 continue
             checked += 1
             self._held[schedule_id] = held  # re-inserted last: the next pass starts elsewhere

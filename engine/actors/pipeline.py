@@ -43,7 +43,6 @@ and fetches are being retried; ``/readyz``'s ``database`` check reports that).
 from __future__ import annotations
 
 import logging
-import random
 from typing import Any, Final
 
 import msgspec
@@ -51,24 +50,20 @@ import trio
 
 from engine.actors.announcements import Announcements
 from engine.actors.attempts import Attempt, Room
-from engine.actors.clock_monitor import ClockMonitor
 from engine.actors.completions import CompletionWriter, CompletionWriterConfig
+from engine.actors.context import NodeContext
 from engine.actors.dispatcher import Dispatcher, DispatcherConfig
-from engine.actors.partitions import PartitionTable
 from engine.actors.schedule_cache import ScheduleCache
 from engine.actors.task_kinds import BLOCKING_GROUP, CACHE_TTL_S_DEFAULT, TaskKinds
 from engine.actors.workers import WorkerPool, WorkerPoolConfig
-from engine.clock import Clock
+from engine.config import DISPATCH_STALL_AFTER_S_DEFAULT
 from engine.core.admission import HandoffSizer
 from engine.core.dispatch import ConcurrencyLimits
 from engine.handlers import HandlerOptions
 from engine.handlers.http_client import WebhookClientConfig, open_webhook_client
-from engine.ledger.base import Ledger
-from engine.metrics import NodeMetrics
 
 log = logging.getLogger("carillon.pipeline")
 
-STALL_AFTER_S_DEFAULT: Final = 30.0
 WATCH_INTERVAL_S_MAX: Final = 5.0
 """The watchdog looks every sixth of ``stall_after_s``, at most this often apart: a stall is
 measured to within that, and an idle node does not wake every second for it (a day of
@@ -84,7 +79,7 @@ class PipelineConfig(msgspec.Struct, frozen=True):
     completions: CompletionWriterConfig = CompletionWriterConfig()
     webhook: WebhookClientConfig = WebhookClientConfig()
     cache_ttl_s: float = CACHE_TTL_S_DEFAULT
-    stall_after_s: float = STALL_AFTER_S_DEFAULT
+    stall_after_s: float = DISPATCH_STALL_AFTER_S_DEFAULT
     """Due work waiting this long with idle workers and nothing handed on is a stall."""
 
 
@@ -107,18 +102,13 @@ class ExecutionPipeline:
         self,
         config: PipelineConfig,
         *,
-        ledger: Ledger,
-        clock: Clock,
-        monitor: ClockMonitor,
-        table: PartitionTable,
+        ctx: NodeContext,
         announcements: Announcements,
         options: HandlerOptions,
-        metrics: NodeMetrics,
-        rng: random.Random,
     ) -> None:
         self.config = config
-        self._clock = clock
-        self._table = table
+        self._clock = clock = ctx.clock
+        self._table = ctx.table
         workers = config.workers
         self.room = Room(
             HandoffSizer(workers.workers, workers.handoff_max, workers.handoff_wait_s),
@@ -130,38 +120,28 @@ class ExecutionPipeline:
         # idle through a claim's round trip), their backlog waits in the dispatcher's queue,
         # not in worker slots.
         self.limits.set_group_cap(BLOCKING_GROUP, 2 * workers.blocking_workers)
-        schedules = ScheduleCache(ledger, clock, config.cache_ttl_s)
+        schedules = ScheduleCache(ctx.ledger, clock, config.cache_ttl_s)
         kinds = self._kinds = TaskKinds(
-            ledger, clock, options, wall_clock=monitor.clock(), ttl_s=config.cache_ttl_s
+            ctx.ledger, clock, options, wall_clock=ctx.monitor.clock(), ttl_s=config.cache_ttl_s
         )
         self.dispatcher = Dispatcher(
             config.dispatcher,
-            ledger=ledger,
-            clock=clock,
-            monitor=monitor,
-            table=table,
+            ctx=ctx,
             announcements=announcements,
             room=self.room,
             limits=self.limits,
             schedules=schedules,
             kinds=kinds,
-            metrics=metrics,
-            rng=rng,
         )
         self.workers = WorkerPool(
             workers,
-            ledger=ledger,
-            clock=clock,
-            monitor=monitor,
-            table=table,
+            ctx=ctx,
             kinds=kinds,
             schedules=schedules,
             announcements=announcements,
             room=self.room,
-            metrics=metrics,
-            rng=rng,
         )
-        self.completions = CompletionWriter(config.completions, ledger=ledger, table=table, rng=rng)
+        self.completions = CompletionWriter(config.completions, ctx=ctx)
         self._resumed_at = clock.monotonic()
         """Monotonic time the watchdog last found the process had been frozen."""
         self._stuck_since: float | None = None

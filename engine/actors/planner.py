@@ -21,7 +21,6 @@ through :meth:`notify` (routed from the change feed) and are applied between ste
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -29,7 +28,7 @@ from typing import Any, Final
 import msgspec
 import trio
 
-from engine.actors.clock_monitor import ClockMonitor
+from engine.actors.context import NodeContext
 from engine.actors.forecast import BurstForecast, ForecastConfig
 from engine.actors.planning_gate import PlanningGate
 from engine.actors.retry import retry_unavailable
@@ -40,13 +39,12 @@ from engine.errors import LeaseLost, NotFound, ValidationError
 from engine.ledger.base import (
     ExecutionsPlan,
     Fence,
-    Ledger,
     PlannableSchedule,
     PlannedExecution,
     ScheduleAdvance,
     SchedulesPlannable,
 )
-from engine.metrics import SKIP_CATCHUP_BULK, NodeMetrics
+from engine.metrics import SKIP_CATCHUP_BULK
 from engine.model import CatchUpPolicy, Schedule
 
 log = logging.getLogger("carillon.planner")
@@ -100,20 +98,17 @@ class _Entry(msgspec.Struct, gc=False):
 class Planner:
     def __init__(
         self,
-        fence: Fence,
         config: PlannerConfig,
-        ledger: Ledger,
-        monitor: ClockMonitor,
+        *,
+        ctx: NodeContext,
+        fence: Fence,
         cache: TimetableCache,
-        rng: random.Random,
         forecast: BurstForecast | None = None,
         gate: PlanningGate | None = None,
         on_planned: Callable[[datetime], None] = lambda at: None,
-        *,
-        metrics: NodeMetrics,
     ) -> None:
         self.fence = fence
-        self._metrics = metrics
+        self._metrics = ctx.metrics
         self._bulk_skips = 0
         """Ranges skipped in bulk by the batch being built; counted once it is written."""
         self._on_planned = on_planned
@@ -122,10 +117,10 @@ class Planner:
             ForecastConfig(config.lookahead_s, plan_rate_per_s=1e12, max_extra_s=0.0)
         )
         self.config = config
-        self._ledger = ledger
-        self._monitor = monitor
+        self._ledger = ctx.ledger
+        self._monitor = ctx.monitor
         self._cache = cache
-        self._rng = rng
+        self._rng = ctx.rng
         self._heap = PlanHeap()
         self._entries: dict[str, _Entry] = {}
         self._windows: dict[float, float] = {}

@@ -11,7 +11,6 @@ or stops the node if it keeps failing.
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -19,14 +18,13 @@ from typing import Any
 import msgspec
 import trio
 
-from engine.actors.clock_monitor import ClockMonitor
+from engine.actors.context import NodeContext
 from engine.actors.forecast import BurstForecast
-from engine.actors.partitions import OwnedPartition, PartitionTable
+from engine.actors.partitions import OwnedPartition
 from engine.actors.planner import PartitionLost, Planner, PlannerConfig, PlannerStatistics
 from engine.actors.planning_gate import PlanningGate
 from engine.core.timetable import TimetableCache
-from engine.ledger.base import Ledger
-from engine.metrics import LEASE_LOST_EXPIRED, LEASE_LOST_REFUSED, NodeMetrics
+from engine.metrics import LEASE_LOST_EXPIRED, LEASE_LOST_REFUSED
 
 log = logging.getLogger("carillon.planners")
 
@@ -39,28 +37,22 @@ class PlannerSupervisor:
     def __init__(
         self,
         config: PlannerConfig,
-        ledger: Ledger,
-        monitor: ClockMonitor,
+        *,
+        ctx: NodeContext,
         cache: TimetableCache,
-        table: PartitionTable,
-        rng: random.Random,
         forecast: BurstForecast,
         on_planned: Callable[[datetime], None] = lambda at: None,
-        *,
-        metrics: NodeMetrics,
     ) -> None:
         self.config = config
-        self._metrics = metrics
+        self._ctx = ctx
         self._on_planned = on_planned
         self._forecast = forecast
         # Loads and batch writes are bulk work: a few at a time leave the pool and the
         # cores to the dispatcher.
         self._gate = PlanningGate()
-        self._ledger = ledger
-        self._monitor = monitor
         self._cache = cache
-        self._table = table
-        self._rng = rng
+        self._table = ctx.table
+        self._metrics = ctx.metrics
         self._planners: dict[int, Planner] = {}
         self._running: set[int] = set()
         self._nursery: trio.Nursery | None = None
@@ -102,16 +94,13 @@ class PlannerSupervisor:
     async def _run_partition(self, owned: OwnedPartition) -> None:
         partition_id = owned.fence.partition_id
         planner = Planner(
-            owned.fence,
             self.config,
-            self._ledger,
-            self._monitor,
-            self._cache,
-            self._rng,
-            self._forecast,
-            self._gate,
-            self._on_planned,
-            metrics=self._metrics,
+            ctx=self._ctx,
+            fence=owned.fence,
+            cache=self._cache,
+            forecast=self._forecast,
+            gate=self._gate,
+            on_planned=self._on_planned,
         )
         stepped_down: str | None = None  # the lease-loss reason, once this planner gives up
         resume = False  # stopped by its deadline, but the window was extended since

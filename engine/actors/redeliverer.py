@@ -14,11 +14,10 @@ from typing import Any, Final
 import msgspec
 import trio
 
-from engine.actors.partitions import PartitionTable
+from engine.actors.context import NodeContext
 from engine.actors.retry import repeat_every
 from engine.errors import LeaseLost
-from engine.ledger.base import ExecutionsRequeueExpired, Ledger
-from engine.metrics import NodeMetrics
+from engine.ledger.base import ExecutionsRequeueExpired
 
 log = logging.getLogger("carillon.redeliverer")
 
@@ -37,15 +36,13 @@ class Redeliverer:
     def __init__(
         self,
         config: RedelivererConfig,
-        ledger: Ledger,
-        table: PartitionTable,
         *,
-        metrics: NodeMetrics,
+        ctx: NodeContext,
     ) -> None:
         self.config = config
-        self._metrics = metrics
-        self._ledger = ledger
-        self._table = table
+        self._metrics = ctx.metrics
+        self._ledger = ctx.ledger
+        self._table = ctx.table
         self._requeued = 0
 
     async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:

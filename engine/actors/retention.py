@@ -26,30 +26,29 @@ from typing import Any, Final
 import msgspec
 import trio
 
-from engine.actors.partitions import PartitionTable
+from engine.actors.context import NodeContext
 from engine.actors.retry import repeat_every
+from engine.config import CHANGE_RETENTION_DAYS_DEFAULT, DAY_S, RETENTION_DAYS_DEFAULT
 from engine.errors import LeaseLost
-from engine.ledger.base import ExecutionsPurge, Ledger, ScheduleChangesPrune
+from engine.ledger.base import ExecutionsPurge, ScheduleChangesPrune
 
 log = logging.getLogger("carillon.retention")
 
-RETENTION_KEEP_S_DEFAULT: Final = 7 * 24 * 3600.0
 RETENTION_INTERVAL_S_DEFAULT: Final = 300.0
 RETENTION_BATCH_DEFAULT: Final = 5_000
 RETENTION_BATCHES_PER_ROUND_DEFAULT: Final = 20
-CHANGES_KEEP_S_DEFAULT: Final = 7 * 24 * 3600.0
 CHANGES_PRUNER_PARTITION: Final = 0
 """The owner of this partition prunes the change feed (one node at a time, usually)."""
 
 
 class RetentionConfig(msgspec.Struct, frozen=True):
-    keep_s: float = RETENTION_KEEP_S_DEFAULT
+    keep_s: float = RETENTION_DAYS_DEFAULT * DAY_S
     interval_s: float = RETENTION_INTERVAL_S_DEFAULT
     batch: int = RETENTION_BATCH_DEFAULT
     batches_per_round: int = RETENTION_BATCHES_PER_ROUND_DEFAULT
     dead_letters_keep_s: float | None = None
     """Dead letters finished longer ago than this are deleted; ``None``: kept forever."""
-    changes_keep_s: float = CHANGES_KEEP_S_DEFAULT
+    changes_keep_s: float = CHANGE_RETENTION_DAYS_DEFAULT * DAY_S
     """Schedule changes older than this are pruned from the feed."""
 
 
@@ -62,10 +61,10 @@ class RetentionStatistics(msgspec.Struct, frozen=True):
 
 
 class RetentionKeeper:
-    def __init__(self, config: RetentionConfig, ledger: Ledger, table: PartitionTable) -> None:
+    def __init__(self, config: RetentionConfig, *, ctx: NodeContext) -> None:
         self.config = config
-        self._ledger = ledger
-        self._table = table
+        self._ledger = ctx.ledger
+        self._table = ctx.table
         self._purged = 0
         self._dead_letters_purged = 0
         self._changes_pruned = 0

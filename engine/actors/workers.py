@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import random
 import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeGuard, TypeVar
@@ -58,12 +57,10 @@ import trio
 
 from engine.actors.announcements import Announcements
 from engine.actors.attempts import Attempt, Room
-from engine.actors.clock_monitor import ClockMonitor
-from engine.actors.partitions import PartitionTable
+from engine.actors.context import NodeContext
 from engine.actors.retry import call_fenced, retry_unavailable
 from engine.actors.schedule_cache import UNCACHED, ScheduleCache
 from engine.actors.task_kinds import BLOCKING_KINDS, TaskKinds
-from engine.clock import Clock
 from engine.config import BLOCKING_WORKERS_DEFAULT, WORKERS_DEFAULT
 from engine.core.retry_policy import Decision, RetryPolicy, decide
 from engine.errors import CarillonError
@@ -77,10 +74,8 @@ from engine.ledger.base import (
     Completion,
     ExecutionsExtend,
     Fence,
-    Ledger,
     Outcome,
 )
-from engine.metrics import NodeMetrics
 from engine.model import Execution, Schedule
 
 log = logging.getLogger("carillon.workers")
@@ -161,28 +156,23 @@ class WorkerPool:
         self,
         config: WorkerPoolConfig,
         *,
-        ledger: Ledger,
-        clock: Clock,
-        monitor: ClockMonitor,
-        table: PartitionTable,
+        ctx: NodeContext,
         kinds: TaskKinds,
         schedules: ScheduleCache,
         announcements: Announcements,
         room: Room,
-        metrics: NodeMetrics,
-        rng: random.Random,
     ) -> None:
         self.config = config
-        self._ledger = ledger
-        self._clock = clock
-        self._monitor = monitor
-        self._table = table
+        self._ledger = ctx.ledger
+        self._clock = ctx.clock
+        self._monitor = ctx.monitor
+        self._table = ctx.table
         self._kinds = kinds
         self._schedules = schedules
         self._announcements = announcements
         self._room = room
-        self._metrics = metrics
-        self._rng = rng
+        self._metrics = ctx.metrics
+        self._rng = ctx.rng
         self._blocking = trio.CapacityLimiter(config.blocking_workers)
         self._busy = 0
         self._finished: dict[str, int] = {}

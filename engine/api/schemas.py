@@ -19,16 +19,20 @@ from engine.core.cron import MAX_EXPRESSION_LENGTH
 from engine.core.dst import DstGap, DstOverlap
 from engine.ledger.base import BATCH_ROWS_MAX
 from engine.model import (
+    BACKOFF_BASE_S_DEFAULT,
+    BACKOFF_MAX_S_DEFAULT,
     BACKOFF_S_MAX,
     CATCH_UP_WINDOW_S_DEFAULT,
     CATCH_UP_WINDOW_S_MAX,
     CONCURRENCY_MAX,
     IDENTIFIER_LENGTH_MAX,
     IDENTIFIER_PATTERN,
+    MAX_ATTEMPTS_DEFAULT,
     MAX_ATTEMPTS_MAX,
     PAYLOAD_BYTES_MAX,
     REASON_LENGTH_MAX,
     SETTINGS_BYTES_MAX,
+    TASK_TIMEOUT_S_DEFAULT,
     TASK_TIMEOUT_S_MAX,
     TENANT_BURST_MAX,
     TENANT_RATE_PER_S_MAX,
@@ -284,12 +288,12 @@ class TaskTypeSpec(_In, frozen=True):
         dict[str, Any],
         _stated(description=f"the handler's, at most {SETTINGS_BYTES_MAX} bytes of JSON"),
     ] = msgspec.field(default_factory=dict)
-    timeout_s: Seconds = 30.0
+    timeout_s: Seconds = TASK_TIMEOUT_S_DEFAULT
     max_concurrency: Concurrency | None = None
     max_concurrency_cluster: Concurrency | None = None
-    max_attempts: Annotated[int, _count(MAX_ATTEMPTS_MAX)] = 5
-    backoff_base_s: BackoffSeconds = 1.0
-    backoff_max_s: BackoffSeconds = 60.0
+    max_attempts: Annotated[int, _count(MAX_ATTEMPTS_MAX)] = MAX_ATTEMPTS_DEFAULT
+    backoff_base_s: BackoffSeconds = BACKOFF_BASE_S_DEFAULT
+    backoff_max_s: BackoffSeconds = BACKOFF_MAX_S_DEFAULT
     overlap: OverlapPolicy | None = None
     tenant_id: Identifier | None = None
     """The tenant that owns it (only its schedules may name it); none: shared."""

@@ -36,7 +36,15 @@ from engine.cli.flags import usage
 from engine.cli.output import NONE, cell, print_table
 from engine.core.redaction import FINGERPRINT_PREFIX, sensitive_name
 from engine.errors import InvalidField
-from engine.model import ALL_TENANTS, HandlerKind, OverlapPolicy, TaskType
+from engine.model import (
+    ALL_TENANTS,
+    BACKOFF_BASE_S_DEFAULT,
+    BACKOFF_MAX_S_DEFAULT,
+    MAX_ATTEMPTS_DEFAULT,
+    TASK_TIMEOUT_S_DEFAULT,
+    HandlerKind,
+    OverlapPolicy,
+)
 
 REDACTED: Final = "***"
 _KIND_OPTIONS: Final = {
@@ -60,11 +68,6 @@ _LIMITS: Final = {
 }
 """``set`` options -> API fields; an option left out leaves the field's default."""
 _JSON_IS: Final = "the API's JSON, secrets redacted"
-_DEFAULT: Final = TaskType(name="default", kind=HandlerKind.NOOP)
-_DEFAULT_TIMEOUT_S: Final = _DEFAULT.timeout_s
-_DEFAULT_ATTEMPTS: Final = _DEFAULT.max_attempts
-_DEFAULT_BACKOFF_BASE_S: Final = _DEFAULT.backoff_base_s
-_DEFAULT_BACKOFF_MAX_S: Final = _DEFAULT.backoff_max_s
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -153,7 +156,10 @@ def _add_set(actions: Any) -> None:
     kinds.add_argument("--delay", type=float, metavar="S", help="noop: seconds to wait")
     limits = parser.add_argument_group("limits (defaults in brackets)")
     limits.add_argument(
-        "--timeout", type=float, metavar="S", help=f"seconds per attempt [{_DEFAULT_TIMEOUT_S:g}]"
+        "--timeout",
+        type=float,
+        metavar="S",
+        help=f"seconds per attempt [{TASK_TIMEOUT_S_DEFAULT:g}]",
     )
     limits.add_argument(
         "--max-concurrency", type=int, metavar="N", help="running at once per node [no cap]"
@@ -165,19 +171,19 @@ def _add_set(actions: Any) -> None:
         "--max-attempts",
         type=int,
         metavar="N",
-        help=f"attempts before dead-lettering [{_DEFAULT_ATTEMPTS}]",
+        help=f"attempts before dead-lettering [{MAX_ATTEMPTS_DEFAULT}]",
     )
     limits.add_argument(
         "--backoff-base",
         type=float,
         metavar="S",
-        help=f"first retry delay [{_DEFAULT_BACKOFF_BASE_S:g}]",
+        help=f"first retry delay [{BACKOFF_BASE_S_DEFAULT:g}]",
     )
     limits.add_argument(
         "--backoff-max",
         type=float,
         metavar="S",
-        help=f"longest retry delay [{_DEFAULT_BACKOFF_MAX_S:g}]",
+        help=f"longest retry delay [{BACKOFF_MAX_S_DEFAULT:g}]",
     )
     limits.add_argument(
         "--overlap",

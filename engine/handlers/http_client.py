@@ -46,7 +46,8 @@ What it guarantees:
   needs none, and a new connection to the same key offers the last TLS session (resumption,
   still bound to the same server name and context).
 * **Limits.** At most ``connections_per_host`` connections (open, busy or idle) per (host,
-  port), default 128, and ``connections_total`` overall, default 1,024; a delivery over a
+  port), the node's ``webhook_connections_per_host`` (default 256), and
+  ``connections_total`` overall, ``webhook_connections_total`` (default 1,024); a delivery over a
   limit waits for a slot within its deadline. Per host, because one slow or failing receiver
   must not take every connection of the node away from the others, and because a receiver
   that slows down would otherwise be answered with ever more connections (every waiting
@@ -102,6 +103,7 @@ from typing import Final
 import msgspec
 import trio
 
+from engine.config import WEBHOOK_CONNECTIONS_PER_HOST_DEFAULT, WEBHOOK_CONNECTIONS_TOTAL_DEFAULT
 from engine.errors import ConfigError
 from engine.handlers.http1 import MalformedAnswer, ResponseReader, encode_request
 from engine.handlers.http2 import H2Connection
@@ -145,9 +147,9 @@ REAP_INTERVAL_S: Final = 1.0
 class WebhookClientConfig(msgspec.Struct, frozen=True, kw_only=True):
     """The node's webhook client settings (see the module docstring for the reasons)."""
 
-    connections_per_host: int = 128
+    connections_per_host: int = WEBHOOK_CONNECTIONS_PER_HOST_DEFAULT
     """Most connections open at once to one (host, port): busy, idle or connecting."""
-    connections_total: int = 1024
+    connections_total: int = WEBHOOK_CONNECTIONS_TOTAL_DEFAULT
     """Most connections open at once to all receivers together."""
     idle_timeout_s: float = 15.0
     """An idle kept-alive connection is closed after this long."""

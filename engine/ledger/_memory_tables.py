@@ -87,12 +87,6 @@ def by_planned_time(execution: Execution) -> tuple[datetime, str]:
     return execution.planned_at, execution.execution_id
 
 
-def partition_of_row(execution: Execution) -> int:
-    if execution.partition_id is None:
-        raise AssertionError(f"execution {execution.execution_id} was stored without a partition")
-    return execution.partition_id
-
-
 def decode_planned_cursor(cursor: str) -> tuple[datetime, str]:
     """The ``(planned_at, execution_id)`` a query cursor resumes after."""
     parts = decode_cursor(cursor)
@@ -430,9 +424,9 @@ class ExecutionTable:
     def put(self, execution: Execution, attempt: Attempt | None = None) -> None:
         """Insert or replace ``execution``; append ``attempt`` to its history if given."""
         key = execution.execution_id
-        partition = partition_of_row(execution)
+        partition = execution.partition_id
         previous = self._rows.get(key)
-        if previous is not None and partition_of_row(previous) != partition:
+        if previous is not None and previous.partition_id != partition:
             raise AssertionError(f"execution {key} cannot move between partitions")
         if previous is None:
             self._order = None
@@ -459,7 +453,7 @@ class ExecutionTable:
         if horizon is None or horizon < execution.planned_at:
             self.purged_through[execution.schedule_id] = execution.planned_at
         self._order = None
-        partition = partition_of_row(execution)
+        partition = execution.partition_id
         self._attempts.pop(execution_id, None)
         self._by_partition[partition].discard(execution_id)
         self._open_by_partition[partition].discard(execution_id)

@@ -67,7 +67,6 @@ from engine.ledger._memory_tables import (
     check_batch,
     check_limit,
     decode_id_cursor,
-    partition_of_row,
     seconds,
 )
 from engine.ledger.base import (
@@ -111,7 +110,7 @@ from engine.ledger.base import (
     unknown_task_types,
 )
 from engine.ledger.common import changes_pruned, check_id_prefix, fires_among, unusable_task_types
-from engine.ledger.params import plannable
+from engine.ledger.params import PARTITIONS_DEFAULT, REGION_DEFAULT, plannable
 from engine.model import (
     ConsoleSession,
     Execution,
@@ -142,7 +141,11 @@ class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
     """
 
     def __init__(
-        self, *, clock: Clock, partition_count: int = 64, active_region: str = "default"
+        self,
+        *,
+        clock: Clock,
+        partition_count: int = PARTITIONS_DEFAULT,
+        active_region: str = REGION_DEFAULT,
     ) -> None:
         if partition_count < 1:
             raise ConfigError(f"partition_count must be at least 1, got {partition_count}")
@@ -503,7 +506,7 @@ class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
                 or not self._take_cap_slot(execution.task_type, room)
             ):
                 continue
-            token = tokens[partition_of_row(execution)]
+            token = tokens[execution.partition_id]
             running = transitions.claimed(execution, token, now, lease)
             self._executions.put(running)
             started.append(running)
@@ -544,7 +547,7 @@ class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
                 or ref.execution_id in extended
             ):
                 continue
-            token = tokens[partition_of_row(execution)]
+            token = tokens[execution.partition_id]
             self._executions.put(transitions.extended(execution, token, now, lease))
             extended[ref.execution_id] = None
         return list(extended)
@@ -574,7 +577,7 @@ class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
             ):
                 stale.append(completion.execution_id)
                 continue
-            token = tokens[partition_of_row(execution)]
+            token = tokens[execution.partition_id]
             self._executions.put(*transitions.finished(execution, completion, token, now))
             applied.append(completion.execution_id)
         return CompleteResult(applied=applied, stale=stale)
@@ -592,7 +595,7 @@ class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
             execution = self._executions.get(key)
             if execution is None or execution.status not in _NOT_STARTED:
                 continue
-            token = tokens[partition_of_row(execution)]
+            token = tokens[execution.partition_id]
             self._executions.put(
                 transitions.skipped(execution, token, now, params.error_code, params.error_message)
             )
@@ -609,7 +612,7 @@ class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
             if len(requeued) == params.limit:
                 break
             if transitions.attempt_expired(execution, now):
-                token = tokens[partition_of_row(execution)]
+                token = tokens[execution.partition_id]
                 self._executions.put(*transitions.requeued(execution, token, now))
                 requeued.append(execution.execution_id)
         return requeued
@@ -640,7 +643,7 @@ class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
         for key in execution_ids:
             stored = self._executions.get(key)
             if stored is not None:
-                partition = partition_of_row(stored)
+                partition = stored.partition_id
             else:
                 partition = self._partition(parse_execution_id(key)[0])
             if partition not in fenced:

@@ -68,6 +68,8 @@ class Page(msgspec.Struct, Generic[T], frozen=True):
     next_cursor: str | None
 
 
+PARTITIONS_DEFAULT: Final = 64
+"""The partition count of a new cluster (chosen once, by its first migration)."""
 REGION_DEFAULT: Final = "default"
 """The region of a node, and the active region of a cluster, when none is configured."""
 REGION_EPOCH_TOKEN_SHIFT: Final = 32

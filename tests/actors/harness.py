@@ -16,11 +16,21 @@ from typing import Any
 
 import trio
 
-from engine.config import WORKERS_DEFAULT, NodeConfig
+from engine.actors.clock_monitor import ClockMonitor, ClockMonitorConfig
+from engine.actors.context import NodeContext
+from engine.actors.partitions import PartitionTable
+from engine.clock import Clock
+from engine.config import (
+    CLOCK_PROBE_INTERVAL_S_DEFAULT,
+    CLOCK_SKEW_BOUND_S_DEFAULT,
+    WORKERS_DEFAULT,
+    NodeConfig,
+)
 from engine.core.timetable import Timetable, TimetableCache
 from engine.errors import LeaseLost, LedgerUnavailable
-from engine.ledger.base import ExecutionsQuery, SchedulesCreate
+from engine.ledger.base import ExecutionsQuery, Ledger, SchedulesCreate
 from engine.ledger.memory import MemoryLedger
+from engine.metrics import NodeMetrics
 from engine.model import Execution, Schedule
 from engine.node import Node
 from engine.testing import SkewedClock
@@ -35,6 +45,34 @@ tenants by name, never to every tenant."""
 
 START = datetime(2026, 3, 2, 0, 0, 30, tzinfo=UTC)
 PARTITIONS = 16
+
+
+def node_context(
+    ledger: Ledger,
+    clock: Clock,
+    *,
+    table: PartitionTable | None = None,
+    metrics: NodeMetrics | None = None,
+    seed: int = 1,
+) -> NodeContext:
+    """What a node gives its actors, for a test that builds one actor alone: a clock monitor
+    as a default node's (on ``ledger``; running it is the test's choice), an empty partition
+    table unless given, fresh metrics unless given, one rng."""
+    rng = random.Random(seed)
+    monitor = ClockMonitor(
+        ClockMonitorConfig(CLOCK_SKEW_BOUND_S_DEFAULT, CLOCK_PROBE_INTERVAL_S_DEFAULT),
+        ledger=ledger,
+        clock=clock,
+        rng=rng,
+    )
+    return NodeContext(
+        ledger=ledger,
+        clock=clock,
+        monitor=monitor,
+        table=PartitionTable() if table is None else table,
+        rng=rng,
+        metrics=NodeMetrics() if metrics is None else metrics,
+    )
 
 
 class FaultyLedger:

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import random
 from datetime import timedelta
 
 import trio
 import trio.testing
 
 from engine.actors.change_feed import ChangeFeed, ChangeFeedConfig
-from engine.actors.clock_monitor import ClockMonitor, ClockMonitorConfig
 from engine.actors.forecast import BurstForecast, ForecastConfig
-from engine.actors.partitions import PartitionTable
 from engine.actors.planner import PlannerConfig
 from engine.actors.planner_supervisor import PlannerSupervisor
 from engine.core.timetable import TimetableCache
@@ -27,7 +24,7 @@ from engine.ledger.memory import MemoryLedger
 from engine.metrics import NodeMetrics
 from engine.model import Schedule
 from engine.testing import SkewedClock
-from tests.actors.harness import START, create
+from tests.actors.harness import START, create, node_context
 
 
 class Recorder:
@@ -57,11 +54,13 @@ def every_minute(schedule_id: str, *, enabled: bool = True) -> Schedule:
 async def test_a_feed_behind_the_pruned_changes_reloads_once_and_resumes_at_the_head(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    ledger = MemoryLedger(clock=SkewedClock(START), partition_count=1)
+    clock = SkewedClock(START)
+    ledger = MemoryLedger(clock=clock, partition_count=1)
     await create(ledger, [every_minute("seen")])
     sink = Recorder()
     metrics = NodeMetrics()
-    feed = ChangeFeed(ChangeFeedConfig(1.0), ledger, sink, random.Random(1), metrics=metrics)
+    ctx = node_context(ledger, clock, metrics=metrics)
+    feed = ChangeFeed(ChangeFeedConfig(1.0), ctx=ctx, sink=sink)
     assert await feed.step() == 1  # "seen" was delivered: watermark 1
     await ledger.schedules_create(SchedulesCreate([every_minute("lost-1"), every_minute("lost-2")]))
     await trio.sleep(10)
@@ -91,20 +90,15 @@ async def test_planners_reload_the_changes_a_stalled_feed_lost_to_pruning(
     clock = SkewedClock(START)
     ledger = MemoryLedger(clock=clock, partition_count=1)
     await create(ledger, [every_minute("paused-later")])
-    rng = random.Random(1)
-    monitor = ClockMonitor(ClockMonitorConfig(bound_s=2, interval_s=5), ledger, clock, rng)
-    table = PartitionTable()
+    ctx = node_context(ledger, clock)
+    monitor, table = ctx.monitor, ctx.table
     supervisor = PlannerSupervisor(
         PlannerConfig(lookahead_s=5, batch_max=100, catchup_grace_s=60),
-        ledger,
-        monitor,
-        TimetableCache(),
-        table,
-        rng,
-        BurstForecast(ForecastConfig(5, 10_000, 60)),
-        metrics=NodeMetrics(),
+        ctx=ctx,
+        cache=TimetableCache(),
+        forecast=BurstForecast(ForecastConfig(5, 10_000, 60)),
     )
-    feed = ChangeFeed(ChangeFeedConfig(1.0), ledger, supervisor, rng)
+    feed = ChangeFeed(ChangeFeedConfig(1.0), ctx=ctx, sink=supervisor)
     async with trio.open_nursery() as nursery:
         await nursery.start(monitor.run)
         await nursery.start(supervisor.run)

@@ -14,8 +14,7 @@ import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from engine.actors.dispatcher import QUEUE_MAX_DEFAULT
-from engine.config import WORKERS_DEFAULT
+from engine.config import DISPATCH_QUEUE_MAX_DEFAULT, WORKERS_DEFAULT
 from engine.core.hashing import partition_of
 from engine.errors import LedgerUnavailable, PermanentError
 from engine.handlers import ExecutionContext
@@ -359,7 +358,7 @@ async def test_scrapes_show_owned_partitions_planner_lag_and_checkpoints_while_t
     ages = running.by("carillon_checkpoint_age_seconds", "partition")
     assert set(ages) == planned_in
     assert all(-5.0 <= age < 60.0 for age in ages.values()), ages
-    assert running("carillon_queue_capacity") == QUEUE_MAX_DEFAULT
+    assert running("carillon_queue_capacity") == DISPATCH_QUEUE_MAX_DEFAULT
     assert running("carillon_workers_capacity") == WORKERS_DEFAULT
     assert running("carillon_live_nodes") == 1
     assert running("carillon_clock_planning_allowed") == 1

@@ -3,7 +3,6 @@ planned, whatever order the queue popped them in."""
 
 from __future__ import annotations
 
-import random
 from datetime import timedelta
 
 import trio
@@ -26,7 +25,7 @@ from engine.ledger.base import (
 from engine.ledger.memory import MemoryLedger
 from engine.model import Execution, ExecutionStatus, HandlerKind, OverlapPolicy, Schedule, TaskType
 from engine.testing import SkewedClock
-from tests.actors.harness import START
+from tests.actors.harness import START, node_context
 
 SLOW = TaskType(
     name="slow", kind=HandlerKind.NOOP, allowed_tenants=("*",), overlap=OverlapPolicy.SKIP
@@ -55,12 +54,10 @@ async def test_of_two_fires_of_a_skip_schedule_popped_together_the_earlier_start
     earlier, later = sorted(page.items, key=lambda e: e.planned_at)
 
     guard = OverlapGuard(
-        ledger,
-        table,
-        ScheduleCache(ledger, clock, ttl_s=10),
-        FairQueue[Execution](),
-        random.Random(1),
-        {SLOW.name: SLOW}.get,
+        ctx=node_context(ledger, clock, table=table),
+        schedules=ScheduleCache(ledger, clock, ttl_s=10),
+        queue=FairQueue[Execution](),
+        task_type={SLOW.name: SLOW}.get,
     )
     attempts = [Attempt(later), Attempt(earlier)]
     admitted = await guard.admit(attempts)

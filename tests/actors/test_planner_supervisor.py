@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -13,7 +12,7 @@ import trio
 import trio.testing
 
 from engine.actors import planner as planner_module
-from engine.actors.clock_monitor import ClockMonitor, ClockMonitorConfig
+from engine.actors.clock_monitor import ClockMonitor
 from engine.actors.forecast import BurstForecast, ForecastConfig
 from engine.actors.partitions import PartitionTable
 from engine.actors.planner import PlannerConfig
@@ -30,10 +29,9 @@ from engine.ledger.base import (
     SchedulesPlannable,
 )
 from engine.ledger.memory import MemoryLedger
-from engine.metrics import NodeMetrics
 from engine.model import Schedule
 from engine.testing import SkewedClock
-from tests.actors.harness import START, create
+from tests.actors.harness import START, create, node_context
 
 
 class SlowLoads:
@@ -73,16 +71,11 @@ async def test_a_planner_stopped_by_its_deadline_resumes_when_a_late_renewal_ext
     [lease] = await ledger.leases_acquire(LeasesAcquire("n1", [0], 15))
     slow = SlowLoads(ledger)
     table = PartitionTable()
-    rng = random.Random(1)
     supervisor = PlannerSupervisor(
         PlannerConfig(lookahead_s=5, batch_max=100, catchup_grace_s=60),
-        slow,  # type: ignore[arg-type]
-        ClockMonitor(ClockMonitorConfig(bound_s=2, interval_s=5), ledger, clock, rng),
-        TimetableCache(),
-        table,
-        rng,
-        BurstForecast(ForecastConfig(5, 10_000, 60)),
-        metrics=NodeMetrics(),
+        ctx=node_context(slow, clock, table=table),  # type: ignore[arg-type]
+        cache=TimetableCache(),
+        forecast=BurstForecast(ForecastConfig(5, 10_000, 60)),
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(supervisor.run)
@@ -104,19 +97,14 @@ async def test_a_planner_stopped_by_its_deadline_resumes_when_a_late_renewal_ext
 def _supervisor(
     ledger: Any, clock: SkewedClock, table: PartitionTable
 ) -> tuple[PlannerSupervisor, ClockMonitor]:
-    rng = random.Random(1)
-    monitor = ClockMonitor(ClockMonitorConfig(bound_s=2, interval_s=5), ledger, clock, rng)
+    ctx = node_context(ledger, clock, table=table)
     supervisor = PlannerSupervisor(
         PlannerConfig(lookahead_s=5, batch_max=100, catchup_grace_s=60),
-        ledger,
-        monitor,
-        TimetableCache(),
-        table,
-        rng,
-        BurstForecast(ForecastConfig(5, 10_000, 60)),
-        metrics=NodeMetrics(),
+        ctx=ctx,
+        cache=TimetableCache(),
+        forecast=BurstForecast(ForecastConfig(5, 10_000, 60)),
     )
-    return supervisor, monitor
+    return supervisor, ctx.monitor
 
 
 async def _with_schedules_in_each_partition(

@@ -26,6 +26,7 @@ from engine.ledger.base import (
 from engine.ledger.memory import MemoryLedger
 from engine.model import ExecutionStatus, Schedule, execution_id
 from engine.testing import ManualClock
+from tests.actors.harness import node_context
 from tests.ledger.backends import START, ids_in_partition, put_noop_task_type
 
 
@@ -63,7 +64,8 @@ async def test_retention_removes_old_finished_executions_in_bounded_batches() ->
     table = PartitionTable()
     table.add(fence, trusted_until=trio.current_time() + 3600)
     keeper = RetentionKeeper(
-        RetentionConfig(keep_s=7 * 86400, batch=4, batches_per_round=2), ledger, table
+        RetentionConfig(keep_s=7 * 86400, batch=4, batches_per_round=2),
+        ctx=node_context(ledger, clock, table=table),
     )
     clock.advance(6 * 86400)
     assert await keeper.step() == 0  # not old enough yet
@@ -117,9 +119,10 @@ async def test_dead_letters_are_kept_by_default_and_deleted_after_their_retentio
     ledger, fence, ids = await _ledger_with_finished(clock, 3, outcomes)
     table = PartitionTable()
     table.add(fence, trusted_until=trio.current_time() + 3600)
-    keeping = RetentionKeeper(RetentionConfig(keep_s=86400), ledger, table)
+    ctx = node_context(ledger, clock, table=table)
+    keeping = RetentionKeeper(RetentionConfig(keep_s=86400), ctx=ctx)
     purging = RetentionKeeper(
-        RetentionConfig(keep_s=86400, dead_letters_keep_s=30 * 86400, batch=1), ledger, table
+        RetentionConfig(keep_s=86400, dead_letters_keep_s=30 * 86400, batch=1), ctx=ctx
     )
     clock.advance(2 * 86400)
     assert await keeping.step() == 1  # the succeeded one
@@ -145,8 +148,8 @@ async def test_the_owner_of_partition_0_prunes_changes_older_than_their_retentio
     owner_table, other_table = PartitionTable(), PartitionTable()
     owner_table.add(fence, trusted_until=trio.current_time() + 3600)
     other_table.add(other_fence, trusted_until=trio.current_time() + 3600)
-    owner = RetentionKeeper(config, ledger, owner_table)
-    other = RetentionKeeper(config, elsewhere, other_table)
+    owner = RetentionKeeper(config, ctx=node_context(ledger, clock, table=owner_table))
+    other = RetentionKeeper(config, ctx=node_context(elsewhere, clock, table=other_table))
     clock.advance(6 * 86400)
     await owner.step()
     assert len(await ledger.schedule_changes(ScheduleChangesSince(0))) == 3  # too young

@@ -69,7 +69,8 @@ async def dead_letters(ledger: Ledger, letters: list[tuple[str, str, str]]) -> d
     start = (await ledger.database_now()).replace(microsecond=0) - timedelta(minutes=1)
     ids: dict[str, str] = {}
     for n, schedule in enumerate(created):
-        fence = fences[schedule.partition_id or 0]
+        assert schedule.partition_id is not None  # assigned by the ledger
+        fence = fences[schedule.partition_id]
         at = start + timedelta(seconds=n)
         planned = PlannedExecution(schedule.schedule_id, schedule.tenant_id, schedule.task_type, at)
         [eid] = (await ledger.executions_plan(ExecutionsPlan(fence, [planned], []))).inserted

@@ -167,7 +167,8 @@ async def seed(ledger: Ledger, clock: ManualClock) -> dict[str, str]:
             start = at + timedelta(seconds=_delay_s(minute, index))
             if start >= DEMO_NOW:
                 continue  # still waiting now: the queue the overview shows
-            claim = _claim(ledger, fences[schedule.partition_id or 0], schedule, at, later)
+            assert schedule.partition_id is not None  # assigned by the ledger
+            claim = _claim(ledger, fences[schedule.partition_id], schedule, at, later)
             events.append((start, next(order), claim))
     heapq.heapify(events)
     while events:

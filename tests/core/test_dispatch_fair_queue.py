@@ -165,6 +165,7 @@ def test_an_execution_record_can_be_queued() -> None:
         tenant_id="acme",
         task_type="webhook",
         planned_at=planned,
+        partition_id=0,
     )
     queue: FairQueue[Execution] = FairQueue()
     assert queue.push(execution) is PushOutcome.QUEUED

@@ -39,6 +39,7 @@ def _execution(minute: int, status: ExecutionStatus, **fields: object) -> Execut
         planned_at=planned,
         status=status,
         enqueued_at=planned - timedelta(seconds=5),
+        partition_id=0,
         **fields,  # type: ignore[arg-type]
     )
 

@@ -131,6 +131,7 @@ def _running(attempt: int, expires_s: float) -> Execution:
         status=ExecutionStatus.RUNNING,
         attempt=attempt,
         attempt_expires_at=T0 + timedelta(seconds=expires_s),
+        partition_id=0,
     )
 
 
@@ -175,6 +176,7 @@ def test_the_failover_checker_classifies_cross_region_deliveries_and_finds_bad_o
             planned_at=T0 + timedelta(seconds=295),
             status=ExecutionStatus.SUCCEEDED,
             attempt=1,
+            partition_id=0,
         )
     }
     done = _check(log, [_delivery("n2", 2, 310.0)], {})

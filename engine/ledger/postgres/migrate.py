@@ -35,6 +35,7 @@ import msgspec
 
 from engine.errors import ConfigError, InvalidField
 from engine.ledger.bridge import DatabaseBridge, open_bridge
+from engine.ledger.params import PARTITIONS_DEFAULT
 from engine.ledger.postgres import sql
 from engine.ledger.postgres.connection import connect, translate_errors
 
@@ -53,7 +54,6 @@ __all__ = [
     "read_migration_status",
 ]
 
-PARTITIONS_DEFAULT: Final = 64
 PARTITIONS_MAX: Final = 4096
 
 _FILE_NAME: Final = re.compile(r"^(?P<version>[0-9]{4})_(?P<name>[a-z0-9_]+)\.sql$")
