@@ -9,6 +9,7 @@ from datetime import timedelta
 import msgspec
 import pytest
 import trio
+import trio.testing
 
 from engine.core.dst import DstGap, DstOverlap
 from engine.core.hashing import partition_of
@@ -339,7 +340,10 @@ async def test_change_wait_wakes_when_a_change_commits(backend: Backend) -> None
     with trio.fail_after(8):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(waiter)
-            await trio.sleep(0.2)
+            # Once the waiter is parked (on a ledger that waits in another thread, as the
+            # Postgres one does, the change may still commit first: the wait then returns
+            # at once, as the test above pins).
+            await trio.testing.wait_all_tasks_blocked()
             await backend.ledger.schedules_create(SchedulesCreate([schedule("late")]))
     assert woke == [True]
 

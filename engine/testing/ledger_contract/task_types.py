@@ -123,7 +123,7 @@ async def test_a_task_type_put_at_a_stale_version_changes_nothing(backend: Backe
     ],
 )
 async def test_malformed_task_types_are_refused_with_the_field_named(
-    backend: Backend, overrides: dict[str, object], match: str
+    backend: Backend, overrides: dict[str, Any], match: str
 ) -> None:
     with pytest.raises(InvalidField, match=match):
         await backend.ledger.task_types_put(TaskTypesPut(webhook_type(**overrides)))
