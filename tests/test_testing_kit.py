@@ -4,6 +4,8 @@ and ledgers -- the fault-injecting ledger, the cluster harness, the contract sui
 from __future__ import annotations
 
 import importlib
+import os
+import re
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -281,3 +283,51 @@ async def test_a_cluster_node_whose_ledger_is_down_loses_its_partitions_to_the_o
         assert len(cluster.owners()["n2"]) == 8
     fired = {(e.schedule_id, e.planned_at) for e in await all_executions(cluster.ledger)}
     assert {sid for sid, _ in fired} == {"sa", "sb"}
+
+
+# --- the documented example ----------------------------------------------------------------
+
+MY_LEDGER_STAND_IN = """
+from contextlib import asynccontextmanager
+
+from engine.testing import MemoryLedger
+
+
+class MyLedger:
+    @staticmethod
+    @asynccontextmanager
+    async def open(*, clock, partition_count):
+        yield MemoryLedger(clock=clock, partition_count=partition_count)
+"""
+
+
+def documented_contract_example() -> str:
+    doc = (ROOT / "docs" / "testing.md").read_text()
+    section = doc.split("## Running the contract suite on your ledger", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_documented_contract_example_runs_the_suite_on_a_ledger_of_ones_own(
+    tmp_path: Path,
+) -> None:
+    example = documented_contract_example()
+    assert "from my_project import MyLedger\n" in example
+    module = tmp_path / "test_my_ledger_contract.py"
+    module.write_text(example.replace("from my_project import MyLedger\n", MY_LEDGER_STAND_IN))
+    functions = 0
+    for area in ("schedules", "executions"):
+        assert f"from engine.testing.ledger_contract.{area} import *" in example
+        imported = importlib.import_module(f"engine.testing.ledger_contract.{area}")
+        functions += sum(name.startswith("test_") for name in vars(imported))
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "trio_mode=true"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = re.search(r"(\d+) passed in", done.stdout)
+    assert summary is not None, done.stdout
+    assert int(summary.group(1)) >= functions  # every test ran, parametrized ones more than once
