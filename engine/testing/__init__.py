@@ -24,20 +24,20 @@ from engine.testing.cluster import (
     all_executions,
     open_cluster,
 )
-from engine.testing.faulty import LEDGER_METHODS, FaultyLedger, Hold, Outcome
+from engine.testing.faulty import LEDGER_METHODS, CallOutcome, FaultyLedger, Hold
 
 __all__ = [
     "CLUSTER_PARTITIONS",
     "CLUSTER_START",
     "LEDGER_METHODS",
     "NODE_DEFAULTS",
+    "CallOutcome",
     "Cluster",
     "ClusterNode",
     "FaultyLedger",
     "Hold",
     "ManualClock",
     "MemoryLedger",
-    "Outcome",
     "SkewedClock",
     "all_executions",
     "open_cluster",

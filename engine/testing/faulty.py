@@ -44,7 +44,7 @@ LEDGER_METHODS: Final[frozenset[str]] = frozenset(
 )
 """The methods of the ledger protocol: what a :class:`FaultyLedger` forwards."""
 
-Outcome = Literal["ok", "lease-lost", "error", "down", "injected", "reply-lost"]
+CallOutcome = Literal["ok", "lease-lost", "error", "down", "injected", "reply-lost"]
 """How a call came back: ``ok``; ``lease-lost`` (the ledger refused a fenced write);
 ``error`` (the ledger raised anything else); ``down`` (the ledger was down, nothing sent);
 ``injected`` (an error from :meth:`FaultyLedger.fail_next`, nothing sent); ``reply-lost``
@@ -102,7 +102,7 @@ class FaultyLedger:
         """Calls sent and not yet returned, by method."""
         self.most_in_flight: Counter[str] = Counter()
         """The most calls of each method that were in flight at once."""
-        self.history: list[tuple[str, Outcome]] = []
+        self.history: list[tuple[str, CallOutcome]] = []
         """Every call that came back, in the order they did, with its outcome."""
         self.paused_in_flight = trio.Event()
         """Set when :meth:`pause_at_next` caught its call."""
@@ -203,7 +203,11 @@ class FaultyLedger:
             self._pause_on = None
             self.pause()
             self.paused_in_flight.set()
-        holds = [h for h in self._holds if h.method == method and (h.when is None or h.when(args))]
+        holds = [
+            h
+            for h in self._holds
+            if h.method == method and not h.released and (h.when is None or h.when(args))
+        ]
         delay = self.delays.get(method, 0.0)
         when = self._delay_when.get(method)
         if when is not None and not when(args):
@@ -218,10 +222,9 @@ class FaultyLedger:
                 if self._resumed is not None:
                     await self._resumed.wait()
                 for hold in holds:
-                    if not hold.released:
-                        hold.held += 1
-                        hold.reached.set()
-                        await hold.wait_released()
+                    hold.held += 1
+                    hold.reached.set()
+                    await hold.wait_released()
                 await trio.sleep(delay)  # a call is a scheduling point, delayed or not
                 self.calls[method] += 1
                 try:
