@@ -21,6 +21,11 @@ What the ledger committed is reported to the :class:`~simulations.leases.LeaseMo
 (acquisitions, renewals, releases, claims, accepted and refused fenced writes), naming the
 database it was sent to, and to the trace. A proxy talks to one
 :class:`~simulations.replica.Database` for the life of its process.
+
+It is not :class:`engine.testing.FaultyLedger`, which injects the faults a test names one at
+a time: here the faults are drawn from the seeded scenario (latency from the run's random
+generator, outages and slow periods from its timeline, replicas lost on failover) and every
+commit feeds the lease monitor and the trace that the simulator's checks read.
 """
 
 from __future__ import annotations

@@ -177,3 +177,19 @@ def test_relative_imports_are_not_used_where_the_edges_are_checked() -> None:
         )
     ]
     assert relative == []
+
+
+def test_only_the_testing_kit_imports_it_and_only_its_contract_suite_imports_pytest() -> None:
+    """``engine.testing`` is for tests: the engine never depends on it, and importing it
+    needs no pytest (only the contract suite's modules, imported on their own, do)."""
+    testing_importers = set()
+    pytest_importers = set()
+    for path in engine_modules():
+        relative = str(path.relative_to(ENGINE))
+        names = imports_of(path)
+        if any(matches(name, "engine.testing") for name in names):
+            testing_importers.add(relative)
+        if any(matches(name, "pytest") or matches(name, "_pytest") for name in names):
+            pytest_importers.add(relative)
+    assert {m for m in testing_importers if not m.startswith("testing/")} == set()
+    assert {m for m in pytest_importers if not m.startswith("testing/ledger_contract/")} == set()

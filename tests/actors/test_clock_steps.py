@@ -27,11 +27,11 @@ async def test_a_clock_stepped_forward_during_an_outage_skips_no_upcoming_fire(
         await create(c.ledger, schedules)
         sim = await c.start_node("n1")
         await trio.sleep(300 + 23)  # 00:05:53, just before the 00:06 fire is planned
-        sim.ledger.crashed = True  # the database is unreachable for 5 s
+        sim.ledger.down = True  # the database is unreachable for 5 s
         await trio.sleep(1)
         sim.clock.jump(300)
         await trio.sleep(4)
-        sim.ledger.crashed = False
+        sim.ledger.down = False
         await trio.sleep(20)
         sim.clock.jump(-300)  # NTP puts it right
         await trio.sleep(900)

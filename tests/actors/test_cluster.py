@@ -89,7 +89,7 @@ async def test_a_crashed_nodes_partitions_move_within_ttl_and_missed_fires_follo
         victim = c.nodes["n1"]
         lost = set(victim.node.table)
         assert lost
-        victim.ledger.crashed = True  # the process is gone: nothing it does reaches the ledger
+        victim.ledger.down = True  # the process is gone: nothing it does reaches the ledger
         victim.scope.cancel()
         del c.nodes["n1"]
         crashed_at = c.db_clock.now()
@@ -130,7 +130,7 @@ async def test_a_crashed_nodes_partitions_are_owned_again_within_a_second_of_the
         victim = max(c.nodes.values(), key=lambda sim: len(sim.node.table))
         lost = set(victim.node.table)
         assert lost
-        victim.ledger.crashed = True
+        victim.ledger.down = True
         victim.scope.cancel()
         del c.nodes[victim.node.config.node_id]
         crashed_at = trio.current_time()
@@ -151,7 +151,7 @@ async def test_a_node_whose_renewals_come_back_late_keeps_its_partitions(
         n1 = await c.start_node("n1")
         await trio.sleep(30)
         assert len(n1.node.table) == 16
-        n1.ledger.slow["leases_renew"] = 6.0
+        n1.ledger.delay("leases_renew", 6.0)
         for _ in range(240):
             await trio.sleep(0.5)
             assert len(n1.node.table) == 16
@@ -173,12 +173,14 @@ async def test_a_paused_node_is_fenced_off_and_steps_down_without_double_plannin
         await zombie.ledger.paused_in_flight.wait()
         await trio.sleep(60)  # far past the 15 s lease TTL: n2 takes every partition
         assert set(c.nodes["n2"].node.table) == set(range(16))
+        resumed_at = len(zombie.ledger.history)
         zombie.ledger.resume()
         await trio.sleep(1)
         # The write it had in flight was refused, and it stopped planning that partition:
         # no plan of its succeeded after the pause. (Other calls sent meanwhile -- a fetch,
         # a completion -- may come back first, in whatever order the scheduler picks.)
-        plans = [c for c in zombie.ledger.calls_after_resume if c[0] == "executions_plan"]
+        after = zombie.ledger.history[resumed_at:]
+        plans = [call for call in after if call[0] == "executions_plan"]
         assert plans[0] == ("executions_plan", "lease-lost")
         assert all(outcome == "lease-lost" for _, outcome in plans)
         await trio.sleep(300)
@@ -251,13 +253,13 @@ async def test_planning_pauses_while_the_database_time_cannot_be_measured(
     schedules = make_schedules(20, START, lambda n: ("* * * * *", "UTC"))
     async with cluster() as c:
         await create(c.ledger, schedules)
-        node = await c.start_node("n1", slow={"database_now": 3.0})  # 3 s round trips
+        node = await c.start_node("n1", delays={"database_now": 3.0})  # 3 s round trips
         await trio.sleep(300)
         stats = node.node.clock_monitor.statistics()
         assert not stats.planning_allowed
         assert stats.reason == "no measurement yet"
         assert await all_executions(c.ledger) == []
-        node.ledger.slow.clear()
+        node.ledger.delay("database_now", 0)
         await trio.sleep(300)
         assert node.node.clock_monitor.statistics().planning_allowed
     executions = await all_executions(c.ledger)
@@ -299,12 +301,12 @@ async def test_a_database_outage_makes_nodes_step_down_and_recover_without_crash
             await c.start_node(name)
         await trio.sleep(300)
         for sim in c.nodes.values():
-            sim.ledger.crashed = True  # every call fails: the database is unreachable
+            sim.ledger.down = True  # every call fails: the database is unreachable
         await trio.sleep(300)
         assert c.owners() == {"n1": [], "n2": []}  # stepped down inside their trust windows
         outage_end = c.db_clock.now()
         for sim in c.nodes.values():
-            sim.ledger.crashed = False
+            sim.ledger.down = False
         await trio.sleep(300)
         assert sorted(len(p) for p in c.owners().values()) == [8, 8]
         for sim in c.nodes.values():
@@ -366,7 +368,7 @@ async def test_a_survivor_starts_a_crashed_nodes_queued_executions_once_it_owns_
         victim, survivor = c.nodes["n1"], c.nodes["n2"]
         lost = set(victim.node.table)
         assert lost
-        victim.ledger.crashed = True
+        victim.ledger.down = True
         victim.scope.cancel()
         del c.nodes["n1"]
         taken_at: dict[int, datetime] = {}

@@ -396,7 +396,7 @@ async def test_planner_lag_grows_per_partition_while_the_clock_monitor_pauses_pl
     async with cluster() as c:
         await create(c.ledger, schedules)
         # Probes slower than the bound cannot measure the database time: planning waits.
-        sim = await c.start_node("n1", slow={"database_now": 3.0})
+        sim = await c.start_node("n1", delays={"database_now": 3.0})
         await trio.sleep(600)  # to 00:10:30; the first fire, 00:01, is still unplanned
         m = Scrape(sim.node)
     with_schedules = {str(partition_of(s.schedule_id, PARTITIONS)) for s in schedules}
@@ -485,11 +485,11 @@ async def test_a_database_outage_counts_each_partition_stepped_down_as_a_lease_l
         await create(c.ledger, make_schedules(20, START, every_minute))
         sim = await c.start_node("n1")
         await trio.sleep(60)
-        sim.ledger.crashed = True  # every call fails: renewals cannot succeed
+        sim.ledger.down = True  # every call fails: renewals cannot succeed
         await trio.sleep(60)
         assert list(sim.node.table) == []
         during = Scrape(sim.node)
-        sim.ledger.crashed = False
+        sim.ledger.down = False
         await trio.sleep(60)
         after = Scrape(sim.node)
     assert during.by("carillon_lease_losses_total", "reason") == {"refused": 0, "expired": 16}

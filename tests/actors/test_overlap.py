@@ -120,7 +120,7 @@ async def test_after_a_takeover_a_run_left_by_the_crashed_owner_still_blocks_ski
         # attempt lease (claimed at 00:01, renewed every 20 s): a renewal sent at the very
         # instant of the crash may still land, as a real request in flight would.
         await trio.sleep(85)
-        victim.ledger.crashed = True
+        victim.ledger.down = True
         victim.scope.cancel()
         await c.start_node("n2")
         await trio.sleep(10 * 60)

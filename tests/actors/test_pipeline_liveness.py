@@ -167,7 +167,7 @@ async def test_an_unexpected_claim_error_does_not_keep_a_skip_schedule_skipping(
         await setup(c, 5, "*/10 * * * * *", skip)
         sim = await c.start_node("n1")
         await trio.sleep(25)
-        sim.ledger.raise_once["executions_claim"] = RuntimeError("injected claim bug")
+        sim.ledger.fail_next("executions_claim", RuntimeError("injected claim bug"))
         await trio.sleep(300)
         statistics = sim.node.statistics()
         executions = await all_executions(c.ledger)
@@ -187,7 +187,7 @@ async def test_a_crashed_pipeline_is_replaced_by_a_fresh_one_that_holds_nothing_
         sim = await c.start_node("n1")
         await trio.sleep(25)
         crashed = sim.node.pipeline
-        sim.ledger.raise_once["executions_complete"] = RuntimeError("injected writer bug")
+        sim.ledger.fail_next("executions_complete", RuntimeError("injected writer bug"))
         await trio.sleep(300)
         node = sim.node
         assert node.pipeline is not crashed

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
@@ -21,42 +21,24 @@ from engine.actors.planning_gate import LOAD_HOLD_MAX_S, WRITES_IN_PARALLEL
 from engine.core.hashing import partition_of
 from engine.core.timetable import TimetableCache
 from engine.ledger.base import (
-    ExecutionsPlan,
     Fence,
     LeasesAcquire,
-    PlannableSchedule,
-    PlanResult,
     SchedulesPlannable,
 )
 from engine.ledger.memory import MemoryLedger
 from engine.model import Schedule
-from engine.testing import SkewedClock
+from engine.testing import FaultyLedger, SkewedClock
 from tests.actors.harness import START, create, node_context
 
 
-class SlowLoads:
-    """The ledger, with ``schedules_plannable`` (a planner's load) held (shielded, like a
-    call through the database bridge) until the test lets it go."""
+def load_of(*partitions: int) -> Callable[[tuple[Any, ...]], bool]:
+    """A :class:`FaultyLedger` condition: a planner's load of one of ``partitions``."""
 
-    def __init__(self, inner: MemoryLedger) -> None:
-        self._inner = inner
-        self.held = trio.Event()
-        self.release = trio.Event()
-        self.loads = 0
-        self.free: set[int] = set()
-        """Partitions whose loads are not held."""
+    def matches(args: tuple[Any, ...]) -> bool:
+        params: SchedulesPlannable = args[0]
+        return params.partition_id in partitions
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def schedules_plannable(self, params: SchedulesPlannable) -> list[PlannableSchedule]:
-        self.loads += 1
-        if params.partition_id in self.free:
-            return await self._inner.schedules_plannable(params)
-        with trio.CancelScope(shield=True):
-            self.held.set()
-            await self.release.wait()
-        return await self._inner.schedules_plannable(params)
+    return matches
 
 
 async def test_a_planner_stopped_by_its_deadline_resumes_when_a_late_renewal_extended_it(
@@ -69,27 +51,30 @@ async def test_a_planner_stopped_by_its_deadline_resumes_when_a_late_renewal_ext
     clock = SkewedClock(START)
     ledger = MemoryLedger(clock=clock, partition_count=1)
     [lease] = await ledger.leases_acquire(LeasesAcquire("n1", [0], 15))
-    slow = SlowLoads(ledger)
+    # A planner's load held (shielded, like a call through the database bridge) until the
+    # test lets it go.
+    slow = FaultyLedger(ledger)
+    load = slow.hold("schedules_plannable")
     table = PartitionTable()
     supervisor = PlannerSupervisor(
         PlannerConfig(lookahead_s=5, batch_max=100, catchup_grace_s=60),
-        ctx=node_context(slow, clock, table=table),  # type: ignore[arg-type]
+        ctx=node_context(slow.as_ledger(), clock, table=table),
         cache=TimetableCache(),
         forecast=BurstForecast(ForecastConfig(5, 10_000, 60)),
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(supervisor.run)
         table.add(Fence(0, "n1", lease.fencing_token), trio.current_time() + 13)
-        await slow.held.wait()  # the planner is loading, its call in flight
+        await load.reached.wait()  # the planner is loading, its call in flight
         await trio.sleep(14)  # its deadline passes meanwhile
         owned = table.get(0)
         assert owned is not None
         owned.extend(trio.current_time() + 13)  # the renewal that was in flight returns
-        slow.release.set()
+        load.release()
         await trio.sleep(1)
         assert 0 in table  # still owned and trusted...
         assert [p.partition_id for p in supervisor.statistics().planners] == [0]  # ...and planned
-        assert slow.loads == 2  # by a new planner
+        assert slow.calls["schedules_plannable"] == 2  # by a new planner
         assert not owned.stopped.is_set()
         nursery.cancel_scope.cancel()
 
@@ -170,47 +155,17 @@ async def test_a_loaded_partition_plans_once_the_nodes_other_partitions_are_load
     clock = SkewedClock(START + timedelta(seconds=20))  # 00:00:50; both fire at 00:01:00
     ledger = MemoryLedger(clock=clock, partition_count=2)
     await _with_schedules_in_each_partition(ledger)
-    slow = SlowLoads(ledger)
-    slow.free = {0}
-    async with _planning(ledger, slow, clock) as supervisor:
-        await slow.held.wait()  # partition 1 is loading; partition 0 has loaded
+    slow = FaultyLedger(ledger)
+    load = slow.hold("schedules_plannable", when=load_of(1))
+    async with _planning(ledger, slow.as_ledger(), clock) as supervisor:
+        await load.reached.wait()  # partition 1 is loading; partition 0 has loaded
         await trio.sleep(held_s)  # partition 0's fire is within the lookahead by now
         try:
             assert _planned(supervisor) == planned_meanwhile
         finally:
-            slow.release.set()  # else the held load would keep the test from ending
+            load.release()  # else the held load would keep the test from ending
         await trio.sleep(1)
         assert _planned(supervisor) == {0: 1, 1: 1}
-
-
-class SlowPages:
-    """The ledger, with each load page of ``slow`` partitions taking ``page_s``, and the
-    planners' concurrent batch writes (each taking ``write_s``) counted."""
-
-    def __init__(self, inner: MemoryLedger, slow: set[int], page_s: float, write_s: float) -> None:
-        self._inner = inner
-        self._slow = slow
-        self._page_s = page_s
-        self._write_s = write_s
-        self.writing = 0
-        self.most_writing = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def schedules_plannable(self, params: SchedulesPlannable) -> list[PlannableSchedule]:
-        if params.partition_id in self._slow:
-            await trio.sleep(self._page_s)
-        return await self._inner.schedules_plannable(params)
-
-    async def executions_plan(self, params: ExecutionsPlan) -> PlanResult:
-        self.writing += 1
-        self.most_writing = max(self.most_writing, self.writing)
-        try:
-            await trio.sleep(self._write_s)
-            return await self._inner.executions_plan(params)
-        finally:
-            self.writing -= 1
 
 
 async def test_a_slow_load_that_keeps_reading_pages_holds_planning_back_until_it_is_done(
@@ -222,8 +177,9 @@ async def test_a_slow_load_that_keeps_reading_pages_holds_planning_back_until_it
     clock = SkewedClock(START + timedelta(seconds=20))
     ledger = MemoryLedger(clock=clock, partition_count=2)
     await _with_schedules_in_each_partition(ledger, per_partition=4)
-    slow = SlowPages(ledger, {1}, page_s=6, write_s=0)
-    async with _planning(ledger, slow, clock) as supervisor:
+    slow = FaultyLedger(ledger)
+    slow.delay("schedules_plannable", 6, when=load_of(1))  # each page of partition 1
+    async with _planning(ledger, slow.as_ledger(), clock) as supervisor:
         await trio.sleep(29)  # partition 1's fifth (empty) page comes back at 30 s
         assert _planned(supervisor) == {0: 0, 1: 0}
         await trio.sleep(2)
@@ -238,8 +194,9 @@ async def test_only_a_few_planners_write_a_batch_at_a_time(
     clock = SkewedClock(START + timedelta(seconds=20))
     ledger = MemoryLedger(clock=clock, partition_count=16)
     await _with_schedules_in_each_partition(ledger, partitions=16)
-    slow = SlowPages(ledger, set(), page_s=0, write_s=0.5)
-    async with _planning(ledger, slow, clock, partitions=16) as supervisor:
+    slow = FaultyLedger(ledger)
+    slow.delay("executions_plan", 0.5)  # each batch write
+    async with _planning(ledger, slow.as_ledger(), clock, partitions=16) as supervisor:
         await trio.sleep(15)
         assert _planned(supervisor) == dict.fromkeys(range(16), 1)
-        assert slow.most_writing == WRITES_IN_PARALLEL
+        assert slow.most_in_flight["executions_plan"] == WRITES_IN_PARALLEL

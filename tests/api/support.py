@@ -12,14 +12,13 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 import httpx
 from starlette.applications import Starlette
 
 from engine.api.app import ApiContext, create_app
 from engine.api.auth import Authenticator, new_token
-from engine.errors import LedgerUnavailable
 from engine.ledger.base import (
     Completion,
     ExecutionsClaim,
@@ -206,29 +205,6 @@ def memory_ledger(clock: ManualClock) -> Ledger:
     from engine.ledger.memory import MemoryLedger
 
     return MemoryLedger(clock=clock, partition_count=PARTITIONS)
-
-
-class SwitchableLedger:
-    """A ledger whose every call raises ``LedgerUnavailable`` while :attr:`down` is set."""
-
-    def __init__(self, inner: Ledger) -> None:
-        self.inner = inner
-        self.down = False
-
-    def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self.inner, name)
-        if name.startswith("_") or not callable(attribute):
-            return attribute
-
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            if self.down:
-                raise LedgerUnavailable("the database is down (a test switched it off)")
-            return await attribute(*args, **kwargs)
-
-        return call
-
-    def as_ledger(self) -> Ledger:
-        return cast(Ledger, self)
 
 
 def assert_problem(

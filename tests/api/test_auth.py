@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 import re
 import string
-from typing import Any, cast
 
 import pytest
 
@@ -20,9 +19,9 @@ from engine.api.auth import (
 )
 from engine.api.endpoint import Access, Endpoint
 from engine.api.problems import Problem
-from engine.ledger.base import Ledger, TokensCreate, TokensRevoke
+from engine.ledger.base import TokensCreate, TokensRevoke
 from engine.model import ApiToken
-from engine.testing import ManualClock
+from engine.testing import FaultyLedger, ManualClock
 from tests.api.support import (
     START,
     Api,
@@ -193,21 +192,6 @@ async def test_client_sending_bad_tokens_gets_429_before_reaching_the_ledger() -
         ).status_code == 200
 
 
-class CountingLedger:
-    """The memory ledger, counting the token lookups that reach it."""
-
-    def __init__(self, ledger: Ledger) -> None:
-        self._ledger = ledger
-        self.token_lookups = 0
-
-    async def tokens_get_by_hash(self, token_hash: bytes) -> ApiToken:
-        self.token_lookups += 1
-        return await self._ledger.tokens_get_by_hash(token_hash)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._ledger, name)
-
-
 def forged_token(rng: random.Random) -> str:
     """A token of the real shape (``crl_<12 hex>_<32 url-safe>``) that no one issued."""
     secret = "".join(rng.choices(string.ascii_letters + string.digits + "-_", k=32))
@@ -218,9 +202,9 @@ async def test_a_flood_of_forged_tokens_from_one_address_costs_at_most_its_burst
     None
 ):
     clock = ManualClock(START)
-    ledger = CountingLedger(memory_ledger(clock))
+    ledger = FaultyLedger(memory_ledger(clock))  # counting the token lookups that reach it
     auth = Authenticator(
-        cast(Ledger, ledger),
+        ledger.as_ledger(),
         clock.monotonic,
         token_rate_per_s=50.0,
         token_burst=100,
@@ -236,25 +220,25 @@ async def test_a_flood_of_forged_tokens_from_one_address_costs_at_most_its_burst
             statuses.append(problem.status)
     assert statuses[:20] == [401] * 20
     assert set(statuses[20:]) == {429}
-    assert ledger.token_lookups == 20
+    assert ledger.calls["tokens_get_by_hash"] == 20
     # Time refills the bucket at its rate, and no faster.
     clock.advance(2.0)
     for _ in range(50):
         with pytest.raises(Problem):
             await auth.authenticate(forged_token(rng), "203.0.113.7")
-    assert ledger.token_lookups == 30
+    assert ledger.calls["tokens_get_by_hash"] == 30
 
 
 async def test_misses_never_push_a_valid_token_out_of_the_cache() -> None:
     clock = ManualClock(START)
     inner = memory_ledger(clock)
-    ledger = CountingLedger(inner)
+    ledger = FaultyLedger(inner)  # counting the token lookups that reach it
     token_id, token, token_hash = new_token()
     await inner.tokens_create(
         TokensCreate(ApiToken(token_id=token_id, scope=ADMIN_SCOPE), token_hash, "test")
     )
     auth = Authenticator(
-        cast(Ledger, ledger),
+        ledger.as_ledger(),
         clock.monotonic,
         token_rate_per_s=1e6,
         token_burst=10**6,
@@ -266,9 +250,9 @@ async def test_misses_never_push_a_valid_token_out_of_the_cache() -> None:
     for client in range(TOKEN_MISSES_CACHED + 2_000):  # each from its own address
         with pytest.raises(Problem):
             await auth.authenticate(forged_token(rng), f"10.{client >> 16}.{client >> 8 & 255}.1")
-    lookups = ledger.token_lookups
+    lookups = ledger.calls["tokens_get_by_hash"]
     assert (await auth.authenticate(f"Bearer {token}", "198.51.100.1")).is_admin
-    assert ledger.token_lookups == lookups  # answered from the cache
+    assert ledger.calls["tokens_get_by_hash"] == lookups  # answered from the cache
 
 
 async def test_metrics_are_404_when_the_process_serves_none(memory_api: Api) -> None:

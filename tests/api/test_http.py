@@ -10,12 +10,11 @@ import pytest
 
 from engine.api.app import endpoints
 from engine.api.endpoint import BATCH_BODY_BYTES_MAX, BODY_BYTES_MAX, Access, Endpoint
-from engine.testing import ManualClock
+from engine.testing import FaultyLedger, ManualClock
 from tests.api.support import (
     PROBLEM,
     START,
     Api,
-    SwitchableLedger,
     assert_problem,
     memory_ledger,
     prepare_ledger,
@@ -233,16 +232,16 @@ async def test_readyz_reports_a_failing_extra_check(memory_api: Api) -> None:
 
 
 @pytest.fixture
-async def switchable() -> AsyncIterator[tuple[Api, SwitchableLedger]]:
+async def switchable() -> AsyncIterator[tuple[Api, FaultyLedger]]:
     clock = ManualClock(START)
-    ledger = SwitchableLedger(memory_ledger(clock))
+    ledger = FaultyLedger(memory_ledger(clock))
     await prepare_ledger(ledger.as_ledger())
     async with serve(ledger.as_ledger(), clock, "memory") as api:
         yield api, ledger
 
 
 async def test_readyz_and_healthz_when_the_database_is_down(
-    switchable: tuple[Api, SwitchableLedger],
+    switchable: tuple[Api, FaultyLedger],
 ) -> None:
     api, ledger = switchable
     ledger.down = True
@@ -261,7 +260,7 @@ async def test_readyz_and_healthz_when_the_database_is_down(
 )
 @pytest.mark.parametrize("token_cached", [False, True], ids=["uncached", "cached"])
 async def test_every_route_answers_503_with_retry_after_while_the_database_is_down(
-    switchable: tuple[Api, SwitchableLedger], endpoint: Endpoint, token_cached: bool
+    switchable: tuple[Api, FaultyLedger], endpoint: Endpoint, token_cached: bool
 ) -> None:
     api, ledger = switchable
     if token_cached:

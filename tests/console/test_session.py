@@ -23,10 +23,9 @@ from engine.config import (
 )
 from engine.errors import LedgerUnavailable, NotFound
 from engine.ledger.base import Ledger, TokensRevoke
-from engine.model import ConsoleSession
 from engine.node import Node
-from engine.testing import ManualClock
-from tests.api.support import START, SwitchableLedger, memory_ledger, prepare_ledger, serve
+from engine.testing import FaultyLedger, ManualClock
+from tests.api.support import START, memory_ledger, prepare_ledger, serve
 from tests.console.support import Console, assert_secured, csrf_of, sign_in
 
 
@@ -254,38 +253,23 @@ async def test_a_session_left_unused_ends_and_one_in_use_lasts_until_its_lifetim
         assert SESSION_COOKIE not in busy.client.cookies
 
 
-class CountingLedger:
-    """A ledger counting the session lookups that reach it."""
-
-    def __init__(self, ledger: Ledger) -> None:
-        self._ledger = ledger
-        self.touches = 0
-
-    async def sessions_touch(self, session_hash: bytes) -> ConsoleSession:
-        self.touches += 1
-        return await self._ledger.sessions_touch(session_hash)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._ledger, name)
-
-
 async def test_session_lookups_are_cached_and_forged_cookies_pay_before_the_database() -> None:
-    counting: list[CountingLedger] = []
+    counting: list[FaultyLedger] = []
 
-    def wrap(inner: Ledger) -> CountingLedger:
-        counting.append(CountingLedger(inner))
-        return counting[0]
+    def wrap(inner: Ledger) -> Ledger:
+        counting.append(FaultyLedger(inner))  # counting the session lookups that reach it
+        return counting[0].as_ledger()
 
     async with console_with(ConsoleSettings(), wrap, anonymous_burst=5) as console:
         [ledger] = counting
         browser = await console.signed_in()
-        ledger.touches = 0
+        ledger.calls.clear()
         for _ in range(10):
             assert (await browser.client.get("/ui/overview")).status_code == 200
-        assert ledger.touches == 0  # the sign-in's own lookup is still fresh
+        assert ledger.calls["sessions_touch"] == 0  # the sign-in's own lookup is still fresh
         console.api.clock.advance(SESSION_CACHE_TTL_S + 0.1)
         assert (await browser.client.get("/ui/overview")).status_code == 200
-        assert ledger.touches == 1
+        assert ledger.calls["sessions_touch"] == 1
         forger = console.browser(address="198.51.100.9")
         statuses = []
         for n in range(20):
@@ -293,7 +277,7 @@ async def test_session_lookups_are_cached_and_forged_cookies_pay_before_the_data
             statuses.append((await forger.client.get("/ui/overview")).status_code)
         assert statuses[:5] == [303] * 5
         assert set(statuses[5:]) == {429}
-        assert ledger.touches == 1 + 5  # no more lookups than the address's burst
+        assert ledger.calls["sessions_touch"] == 1 + 5  # no more lookups than the address's burst
         assert (await browser.client.get("/ui/overview")).status_code == 200  # unaffected
 
 
@@ -353,10 +337,10 @@ async def test_static_assets_are_served_with_validators(memory_console: Console)
 
 
 async def test_with_the_database_down_sessions_answer_503_pages_and_sign_out_ends_nothing() -> None:
-    switch: list[SwitchableLedger] = []
+    switch: list[FaultyLedger] = []
 
     def wrap(inner: Ledger) -> Ledger:
-        switch.append(SwitchableLedger(inner))
+        switch.append(FaultyLedger(inner))
         return switch[0].as_ledger()
 
     async with console_with(ConsoleSettings(), wrap) as console:
@@ -377,15 +361,15 @@ async def test_with_the_database_down_sessions_answer_503_pages_and_sign_out_end
         assert (await browser.post("/ui/logout", {})).status_code == 303
 
 
-class RevokeFailingLedger(CountingLedger):
-    """A ledger whose ``sessions_revoke`` fails as if the database had just gone away."""
-
-    async def sessions_revoke(self, session_hash: bytes) -> None:
-        raise LedgerUnavailable("the database went away")
+def revoke_failing(inner: Ledger) -> Ledger:
+    """``inner``, with ``sessions_revoke`` failing as if the database had just gone away."""
+    faulty = FaultyLedger(inner)
+    faulty.fail_next("sessions_revoke", LedgerUnavailable("the database went away"), times=None)
+    return faulty.as_ledger()
 
 
 async def test_a_sign_in_that_cannot_end_the_session_it_replaces_still_signs_in() -> None:
-    async with console_with(ConsoleSettings(), RevokeFailingLedger) as console:
+    async with console_with(ConsoleSettings(), revoke_failing) as console:
         browser = await console.signed_in()
         first = browser.client.cookies[SESSION_COOKIE]
         response = await sign_in(browser, console.api.tokens["tenant:acme"][1])

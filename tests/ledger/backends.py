@@ -1,9 +1,11 @@
-"""The ledger backends the contract suite runs against, behind one small interface.
+"""The ledger backends Carillon's contract run uses (engine/testing/ledger_contract/).
 
-* ``memory``: :class:`MemoryLedger` on a :class:`ManualClock`; ``advance`` moves its clock.
+* ``memory``: :func:`~engine.testing.ledger_contract.memory_backend`, a MemoryLedger on a
+  ManualClock; ``advance`` moves that clock.
 * ``postgres``: :class:`PostgresLedger` on a fresh database cloned from a migrated template
-  (``CREATE DATABASE ... TEMPLATE``), dropped after the test; ``advance`` really waits, since
-  Postgres judges expiry by its own ``now()``.
+  (``CREATE DATABASE ... TEMPLATE``), dropped after the test. Postgres judges expiry by its
+  own ``now()``, so the clone gets an injected one (:data:`CLOCK_SCHEMA`): the server's
+  clock plus a shift that ``advance`` moves -- nothing sleeps.
 
 Both start with the task type :data:`NOOP` stored, since schedules may only name existing
 task types.
@@ -15,54 +17,40 @@ import asyncio
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 import asyncpg
 import trio
 
-from engine.core.hashing import partition_of
-from engine.ledger.base import Ledger, TaskTypesPut
 from engine.ledger.database import url_with_database as with_database
-from engine.model import HandlerKind, Schedule, TaskType
-from engine.testing import ManualClock
+from engine.testing.ledger_contract.backend import (
+    NOOP,
+    PARTITIONS,
+    START,
+    Backend,
+    ids_in_partition,
+    memory_backend,
+    put_noop_task_type,
+    schedule,
+)
 
-PARTITIONS = 8
-START = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-NOOP = TaskType(name="noop", kind=HandlerKind.NOOP, allowed_tenants=("*",))
-"""The task type the suites' schedules name."""
-
-
-async def put_noop_task_type(ledger: Ledger) -> None:
-    """Store :data:`NOOP` (again): needed before creating schedules of task type ``noop``."""
-    await ledger.task_types_put(TaskTypesPut(NOOP))
-
-
-@dataclass
-class Backend:
-    name: str
-    ledger: Ledger
-    clock: ManualClock | None
-
-    async def advance(self, seconds: float) -> None:
-        """Let ``seconds`` pass on the ledger's clock."""
-        if self.clock is not None:
-            self.clock.advance(seconds)
-            await trio.lowlevel.checkpoint()
-        else:
-            await trio.sleep(seconds)
-
-
-@asynccontextmanager
-async def memory_backend() -> AsyncIterator[Backend]:
-    from engine.ledger.memory import MemoryLedger
-
-    clock = ManualClock(START)
-    ledger = MemoryLedger(clock=clock, partition_count=PARTITIONS)
-    await put_noop_task_type(ledger)
-    yield Backend("memory", ledger, clock)
+__all__ = [
+    "NOOP",
+    "PARTITIONS",
+    "START",
+    "Backend",
+    "drop_template",
+    "ids_in_partition",
+    "make_template",
+    "memory_backend",
+    "postgres_backend",
+    "postgres_template_database",
+    "put_noop_task_type",
+    "run_sql",
+    "schedule",
+    "sql",
+]
 
 
 async def _admin(url: str, *statements: str) -> None:
@@ -116,43 +104,75 @@ async def postgres_template_database(database_url: str, template: str) -> AsyncI
             )
 
 
+CLOCK_SCHEMA: Final = "carillon_test_clock"
+"""Where a test database's injected clock lives: ``now()`` and ``clock_timestamp()`` that
+shadow the server's (the schema comes before ``pg_catalog`` on the database's search path)
+and read the server's clock plus ``shift.seconds``."""
+
+_CLOCK_INSTALL: Final = (
+    f"CREATE SCHEMA {CLOCK_SCHEMA}",
+    f"CREATE TABLE {CLOCK_SCHEMA}.shift (seconds double precision NOT NULL)",
+    f"INSERT INTO {CLOCK_SCHEMA}.shift VALUES (0)",
+    f"""CREATE FUNCTION {CLOCK_SCHEMA}.now() RETURNS timestamptz LANGUAGE sql STABLE AS $$
+        SELECT pg_catalog.now() + make_interval(secs => (SELECT seconds FROM {CLOCK_SCHEMA}.shift))
+    $$""",
+    f"""CREATE FUNCTION {CLOCK_SCHEMA}.clock_timestamp() RETURNS timestamptz LANGUAGE sql
+    VOLATILE AS $$
+        SELECT pg_catalog.clock_timestamp()
+            + make_interval(secs => (SELECT seconds FROM {CLOCK_SCHEMA}.shift))
+    $$""",
+    f'SET search_path = {CLOCK_SCHEMA}, pg_catalog, "$user", public',
+)
+
+_NOW_DEFAULTS: Final = """
+SELECT format('ALTER TABLE %I.%I ALTER COLUMN %I SET DEFAULT now()',
+              table_schema, table_name, column_name)
+FROM information_schema.columns
+WHERE table_schema = 'public' AND column_default IN ('now()', 'pg_catalog.now()')
+"""
+"""The columns whose default is the server's ``now()``: bound when the migration ran, so
+set again under the injected one."""
+
+
+async def install_clock(url: str) -> None:
+    """Give the database at ``url`` the injected clock: every new connection's ``now()``
+    (and each column default's) reads it from then on."""
+    conn = await asyncpg.connect(url, timeout=10)
+    try:
+        for statement in _CLOCK_INSTALL:
+            await conn.execute(statement)
+        for (alter,) in await conn.fetch(_NOW_DEFAULTS):
+            await conn.execute(alter)
+        name = urlsplit(url).path.lstrip("/")
+        await conn.execute(
+            f'ALTER DATABASE "{name}" SET search_path = {CLOCK_SCHEMA}, pg_catalog, "$user", public'
+        )
+    finally:
+        await conn.close()
+
+
+async def shift_clock(url: str, seconds: float) -> None:
+    """Move the injected clock of the database at ``url`` on by ``seconds``."""
+    await sql(url, f"UPDATE {CLOCK_SCHEMA}.shift SET seconds = seconds + $1", seconds)
+
+
 @asynccontextmanager
 async def postgres_backend(database_url: str, template: str) -> AsyncIterator[Backend]:
+    """A PostgresLedger on a fresh database with the injected clock."""
     from engine.ledger.postgres import open_postgres_ledger
 
-    async with (
-        postgres_template_database(database_url, template) as url,
-        open_postgres_ledger(url) as ledger,
-    ):
-        await put_noop_task_type(ledger)
-        yield Backend("postgres", ledger, None)
+    async with postgres_template_database(database_url, template) as url:
+        await trio.to_thread.run_sync(asyncio.run, install_clock(url))
+
+        async def advance(seconds: float) -> None:
+            await shift_clock(url, seconds)
+
+        async with open_postgres_ledger(url) as ledger:
+            await put_noop_task_type(ledger)
+            yield Backend("postgres", ledger, advance)
 
 
 # --- helpers shared by the ledger tests -----------------------------------------------------
-
-
-def ids_in_partition(partition: int, count: int, prefix: str = "s") -> list[str]:
-    """``count`` schedule ids that hash to ``partition`` (of :data:`PARTITIONS`)."""
-    found: list[str] = []
-    n = 0
-    while len(found) < count:
-        candidate = f"{prefix}-{n}"
-        if partition_of(candidate, PARTITIONS) == partition:
-            found.append(candidate)
-        n += 1
-    return found
-
-
-def schedule(schedule_id: str, **overrides: Any) -> Schedule:
-    """A minutely ``noop`` schedule of tenant ``acme``, with ``overrides``."""
-    fields: dict[str, Any] = {
-        "schedule_id": schedule_id,
-        "tenant_id": "acme",
-        "cron_expr": "* * * * *",
-        "task_type": "noop",
-    }
-    fields.update(overrides)
-    return Schedule(**fields)
 
 
 async def run_sql(url: str, statement: str, *args: Any) -> list[asyncpg.Record]:

@@ -1,4 +1,5 @@
-"""The ``backend`` fixture: every contract test runs on the memory ledger and on Postgres."""
+"""The ``backend`` fixture: every contract test (engine/testing/ledger_contract/, run by the
+``test_contract_*`` modules here) runs on the memory ledger and on Postgres."""
 
 from __future__ import annotations
 

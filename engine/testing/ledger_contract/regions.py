@@ -16,8 +16,8 @@ from engine.ledger.base import (
     token_floor,
 )
 from engine.model import AuditAction
-from tests.ledger.backends import PARTITIONS, Backend, ids_in_partition, schedule
-from tests.ledger.test_contract import TTL_S, planned
+from engine.testing.ledger_contract.backend import PARTITIONS, Backend, ids_in_partition, schedule
+from engine.testing.ledger_contract.support import TTL_S, planned
 
 LONG_S = TTL_S * 50
 
