@@ -55,6 +55,7 @@ from engine.ledger import _memory_tables as transitions
 from engine.ledger._memory_admin import AdminMethods
 from engine.ledger._memory_api import ApiMethods, TokenTable, added, revivable
 from engine.ledger._memory_cluster import ClusterMethods
+from engine.ledger._memory_manifests import ManifestMethods
 from engine.ledger._memory_tables import (
     AuditLog,
     ChangeFeed,
@@ -111,6 +112,7 @@ from engine.ledger.base import (
     unknown_task_types,
 )
 from engine.ledger.common import changes_pruned, check_id_prefix, fires_among, unusable_task_types
+from engine.ledger.manifests import Label
 from engine.ledger.params import plannable
 from engine.model import (
     ConsoleSession,
@@ -134,7 +136,7 @@ _NOT_STARTED = frozenset({ExecutionStatus.QUEUED, ExecutionStatus.FAILED})
 _DEAD_LETTERS = frozenset({ExecutionStatus.DEAD_LETTER})
 
 
-class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
+class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods, ManifestMethods):
     """The ledger contract in process memory, on an injected clock.
 
     ``partition_count`` and ``active_region`` are the cluster settings a ``migrate`` would
@@ -170,6 +172,8 @@ class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
         self._tokens = TokenTable()
         self._sessions: dict[bytes, ConsoleSession] = {}
         """Console sessions by the hash of their id."""
+        self._manifest_labels: dict[Label, str] = {}
+        """Ownership labels of manifest sets: (kind, name) -> set name."""
 
     def _now(self) -> datetime:
         now = self._clock.now()
