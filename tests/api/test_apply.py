@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import httpx
 import trio
 
 from engine.core import redaction
@@ -30,7 +31,9 @@ def manifest(*schedules: dict[str, Any], **fields: Any) -> dict[str, Any]:
     return {"manifest_set": SET, "schedules": list(schedules), **fields}
 
 
-async def apply(api: Api, body: dict[str, Any], *, dry_run: bool = False, headers: Any = None):  # type: ignore[no-untyped-def]
+async def apply(
+    api: Api, body: dict[str, Any], *, dry_run: bool = False, headers: Any = None
+) -> httpx.Response:
     return await api.client.post(
         "/v1/apply" + ("?dry_run=true" if dry_run else ""),
         json=body,
@@ -154,7 +157,7 @@ async def test_if_version_mismatch_is_409_and_nothing_is_applied(api: Api) -> No
 
 
 async def test_task_types_and_tenants_apply_with_secrets_write_only(api: Api) -> None:
-    hook = {
+    hook: dict[str, Any] = {
         "name": "hook",
         "kind": "webhook",
         "settings": {"url": "https://example.com/hook", "secret": SECRET},
@@ -205,7 +208,7 @@ async def test_a_tenant_token_applies_its_own_schedules_only(api: Api) -> None:
 
 
 async def test_bad_bodies_are_4xx_problems(api: Api) -> None:
-    for body in (
+    bodies: list[dict[str, Any]] = [
         {"schedules": []},
         {"manifest_set": "bad name"},
         {"manifest_set": SET, "schedules": "nope"},
@@ -214,7 +217,8 @@ async def test_bad_bodies_are_4xx_problems(api: Api) -> None:
         {"manifest_set": SET, "tenants": [{"tenant_id": "t", "weight": 0}]},
         {"manifest_set": SET, "task_types": [{"name": "t", "kind": "webhook"}]},
         {"manifest_set": SET, "unknown": 1},
-    ):
+    ]
+    for body in bodies:
         response = await apply(api, body)
         assert 400 <= response.status_code < 500, (body, response.text)
         assert_problem(response, response.status_code)
