@@ -35,7 +35,12 @@ is applied: every bad item is named with its file and line), 1 when the API fail
 
 def add_parser(commands: Any) -> None:
     for name, runner, summary, epilog in (
-        ("apply", run_apply, "create, update (and --prune) what manifest files list", _EPILOG_APPLY),
+        (
+            "apply",
+            run_apply,
+            "create, update (and --prune) what manifest files list",
+            _EPILOG_APPLY,
+        ),
         ("diff", run_diff, "show what `carillon apply` would change", _EPILOG_DIFF),
     ):
         parser = commands.add_parser(

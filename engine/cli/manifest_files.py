@@ -74,9 +74,7 @@ def load(paths: list[Path], set_name: str | None = None) -> ManifestSet:
             for index, item in enumerate(items):
                 if not isinstance(item, dict):
                     raise InvalidField(f"{_source(path, lines, kind, index)}: not a mapping")
-                merged.items[kind].append(
-                    {**item, "source": _source(path, lines, kind, index)}
-                )
+                merged.items[kind].append({**item, "source": _source(path, lines, kind, index)})
     if merged.name is None:
         raise InvalidField("no manifest set named: add manifest_set to a file, or pass --set")
     return merged
@@ -148,8 +146,10 @@ class _Located(dict[str, Any]):
 
 
 def _json(path: Path, text: str) -> tuple[Any, Lines]:
-    decoder = json.JSONDecoder()
-    plain = json.decoder.JSONObject
+    # The stdlib documents no hook with positions; its pure-Python scanner calls the
+    # decoder's parse_object with the text and the offset of each object, which is one.
+    decoder: Any = json.JSONDecoder()
+    plain: Any = getattr(json.decoder, "JSONObject")  # noqa: B009 - untyped in typeshed
 
     def parse_object(state: tuple[str, int], *args: Any) -> tuple[Any, int]:
         source, end = state
@@ -158,8 +158,8 @@ def _json(path: Path, text: str) -> tuple[Any, Lines]:
         located.line = source.count("\n", 0, end) + 1
         return located, after
 
-    decoder.parse_object = parse_object  # type: ignore[assignment]
-    decoder.scan_once = json.scanner.py_make_scanner(decoder)
+    decoder.parse_object = parse_object
+    decoder.scan_once = getattr(json.scanner, "py_make_scanner")(decoder)  # noqa: B009
     try:
         document = decoder.decode(text)
     except (ValueError, RecursionError) as exc:

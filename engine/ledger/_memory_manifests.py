@@ -54,17 +54,39 @@ from engine.model import (
     validate_tenant,
 )
 
-_SNAPSHOT = (
-    "_schedules",
-    "_tombstones",
-    "_feed",
-    "_executions",
-    "_task_types",
-    "_tenants",
-    "_audit",
-    "_manifest_labels",
-)
-"""The tables an apply may write: copied before it writes, put back if it is refused."""
+
+class _Snapshot:
+    """The tables an apply may write, as they were before it: :meth:`restore` puts them
+    back. Taken only when an apply writes. Records are immutable, so the dictionaries are
+    copied shallowly; the change feed and the audit trail only grow during an apply, so
+    they are cut back in place (the feed keeps its waiters' event: a waiter woken by a
+    change that is then undone wakes spuriously, which the contract allows)."""
+
+    def __init__(self, ledger: ManifestMethods) -> None:
+        self.schedules = dict(ledger._schedules)
+        self.tombstones = dict(ledger._tombstones)
+        self.labels = dict(ledger._manifest_labels)
+        self.executions = copy.deepcopy(ledger._executions)
+        self.task_types = copy.copy(ledger._task_types)
+        self.task_types._rows = dict(ledger._task_types._rows)
+        self.tenants = copy.copy(ledger._tenants)
+        self.tenants._rows = dict(ledger._tenants._rows)
+        feed = ledger._feed
+        self.feed = (feed._last_seq, len(feed._changes))
+        self.audit = len(ledger._audit._events)
+
+    def restore(self, ledger: ManifestMethods) -> None:
+        ledger._schedules = self.schedules
+        ledger._tombstones = self.tombstones
+        ledger._manifest_labels = self.labels
+        ledger._executions = self.executions
+        ledger._task_types = self.task_types
+        ledger._tenants = self.tenants
+        feed = ledger._feed
+        feed._last_seq, kept = self.feed
+        del feed._changes[kept:]
+        del feed._appended_at[kept:]
+        del ledger._audit._events[self.audit :]
 
 
 class ManifestMethods:
@@ -132,7 +154,7 @@ class ManifestMethods:
         changes = check_changes(params.plan(state))
         if params.dry_run or not changes:
             return [planned(change) for change in changes]
-        saved = {name: copy.deepcopy(getattr(self, name)) for name in _SNAPSHOT}
+        saved = _Snapshot(self)
         try:
             done = [self._apply_one(change, now) for change in changes]
             for change, result in zip(changes, done, strict=True):
@@ -149,8 +171,7 @@ class ManifestMethods:
                 else:
                     self._manifest_labels[key] = manifest_set
         except BaseException:
-            for name, table in saved.items():
-                setattr(self, name, table)
+            saved.restore(self)
             raise
         return done
 

@@ -9,7 +9,8 @@ import httpx
 import trio
 
 from engine.core import redaction
-from engine.ledger.base import AuditQuery
+from engine.ledger.base import AuditQuery, ScheduleChangesSince, TenantsPut
+from engine.model import Tenant
 from tests.api.support import TASK_TYPE, Api, assert_problem
 
 SET = "billing"
@@ -240,3 +241,17 @@ async def test_concurrent_applies_of_one_set_serialize(api: Api) -> None:
         nursery.start_soon(one)
     assert sorted(len(answer["changes"]) for answer in answers) == [0, 50]
     assert await audit_rows(api) == 50
+
+
+async def test_a_refusal_after_some_writes_undoes_them_all(api: Api) -> None:
+    """The quota refuses the third schedule after two were written: all three are undone."""
+    await api.ledger.tenants_put(TenantsPut(Tenant(tenant_id="acme", schedules_max=2)))
+    body = manifest(schedule("a", 1), schedule("b", 2), schedule("c", 3))
+    assert_problem(await apply(api, body), 409, "quota-exceeded")
+    assert await api.ledger.schedules_get_many(["a", "b", "c"]) == {}
+    assert await audit_rows(api) == 0
+    head = await api.ledger.schedule_changes_head()
+    ok = await apply(api, manifest(schedule("a", 1), schedule("b", 2)))
+    assert ok.status_code == 200, ok.text
+    changes = await api.ledger.schedule_changes(ScheduleChangesSince(head, 100))
+    assert [change.schedule_id for change in changes] == ["a", "b"]  # none of the undone

@@ -63,14 +63,16 @@ async def test_apply_then_diff_reports_no_drift(api: Api, cli: Cli, tmp_path: Pa
     manifest = write(tmp_path, "billing.yaml", YAML)
     drift = await cli("diff", "-f", str(manifest))
     assert drift.code == 1, drift.err
-    assert "invoices" in drift.out and "create" in drift.out
+    assert "invoices" in drift.out
+    assert "create" in drift.out
     assert await api.ledger.schedules_get_many(["invoices"]) == {}
     applied = await cli("apply", "-f", str(manifest))
     assert applied.code == 0, applied.err
     assert "applied 3 changes, 0 unchanged" in applied.err
     assert (await api.ledger.tenants_get("acme")).weight == 2
     again = await cli("apply", "-f", str(manifest))
-    assert again.code == 0 and "applied 0 changes, 3 unchanged" in again.err
+    assert again.code == 0
+    assert "applied 0 changes, 3 unchanged" in again.err
     clean = await cli("diff", "-f", str(manifest))
     assert clean.code == 0, clean.err
 
@@ -82,7 +84,11 @@ async def test_an_edit_shows_as_one_update_in_the_diff(api: Api, cli: Cli, tmp_p
     result = await cli("diff", "-f", str(manifest), "-o", "json")
     assert result.code == 1
     [change] = json.loads(result.out)["changes"]
-    assert (change["name"], change["action"], change["fields"]) == ("invoices", "update", ["payload"])
+    assert (change["name"], change["action"], change["fields"]) == (
+        "invoices",
+        "update",
+        ["payload"],
+    )
     assert change["source"].endswith("billing.yaml:6 (schedules[0])")
 
 
@@ -120,18 +126,22 @@ async def test_prune_deletes_the_sets_own_objects_only(api: Api, cli: Cli, tmp_p
     assert "applied 0 changes" in kept.err
     pruned = await cli("apply", "-f", str(manifest), "--prune")
     assert pruned.code == 0, pruned.err
-    assert "reminders" in pruned.out and "delete" in pruned.out
+    assert "reminders" in pruned.out
+    assert "delete" in pruned.out
     assert sorted(await api.ledger.schedules_get_many(["invoices", "reminders"])) == ["invoices"]
 
 
 async def test_unreadable_manifests_are_usage_errors(api: Api, cli: Cli, tmp_path: Path) -> None:
     broken = write(tmp_path, "broken.yaml", "schedules: [\n")
     result = await cli("apply", "-f", str(broken))
-    assert result.code == 2 and "not valid YAML" in result.err
+    assert result.code == 2
+    assert "not valid YAML" in result.err
     unnamed = write(tmp_path, "unnamed.json", '{"schedules": []}')
     result = await cli("diff", "-f", str(unnamed))
-    assert result.code == 2 and "no manifest set named" in result.err
+    assert result.code == 2
+    assert "no manifest set named" in result.err
     result = await cli("diff", "-f", str(unnamed), "--set", "billing")
     assert result.code == 0, result.err
     missing = await cli("apply", "-f", str(tmp_path / "absent.yaml"))
-    assert missing.code == 2 and "no such file" in missing.err
+    assert missing.code == 2
+    assert "no such file" in missing.err
