@@ -267,12 +267,17 @@ class _Planner:
 
         listed = {item.name for item in self.schedules}
         for item in self.schedules:
-            if owned_elsewhere(ManifestKind.SCHEDULE, item):
-                continue
             spec: ScheduleSpec = item.spec
             current = state.schedules.get(item.name)
+            if current is not None and not self._visible(current):
+                # As a create of a taken id answers (docs/api.md, "One namespace of ids"):
+                # taken, and nothing else -- not whose, not its set.
+                errors.append(f"{item.where}: schedule id {item.name!r} is taken")
+                continue
+            if owned_elsewhere(ManifestKind.SCHEDULE, item):
+                continue
             try:
-                tenant_id = self._tenant_of(spec, current)
+                tenant_id = self._tenant_of(spec)
                 if current is None:
                     wanted = schedule_from_spec(
                         spec, schedule_id=item.name, tenant_id=tenant_id, now=state.now
@@ -312,10 +317,8 @@ class _Planner:
         self.unchanged = unchanged
         return changes
 
-    def _tenant_of(self, spec: ScheduleSpec, current: Schedule | None) -> str:
+    def _tenant_of(self, spec: ScheduleSpec) -> str:
         own = self.own_tenant
-        if current is not None and own is not None and current.tenant_id != own:
-            raise InvalidField("this schedule id is taken by another tenant")
         requested = spec.tenant_id
         if own is None:
             return DEFAULT_TENANT if requested is None else requested
@@ -343,8 +346,12 @@ class _Planner:
                 current = state.task_types.get(name)
             else:
                 current = state.tenants.get(name)
-            if isinstance(current, Schedule) and not self._may_prune(current):
-                continue
+            if self.own_tenant is not None and (
+                kind is not ManifestKind.SCHEDULE
+                or current is None  # whose it was is unknown: an admin's apply drops it
+                or (isinstance(current, Schedule) and not self._visible(current))
+            ):
+                continue  # a tenant token touches only its own tenant's schedules
             if current is None:  # gone meanwhile (deleted through the API): drop the label
                 releases.append(ManifestChange(kind, name, ManifestAction.RELEASE))
             elif not self.body.prune:
@@ -360,7 +367,7 @@ class _Planner:
         deletes.sort(key=lambda change: change.kind is not ManifestKind.SCHEDULE)
         return deletes + releases
 
-    def _may_prune(self, schedule: Schedule) -> bool:
+    def _visible(self, schedule: Schedule) -> bool:
         return self.own_tenant is None or schedule.tenant_id == self.own_tenant
 
 
@@ -428,5 +435,6 @@ ENDPOINTS: Final = (
         too_large=f"a manifest set holds at most {BATCH_BODY_BYTES_MAX} bytes of JSON; split it "
         "into several sets",
         tag="manifests",
+        errors=(403,),  # a tenant token sending task types or tenants
     ),
 )

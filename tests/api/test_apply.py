@@ -255,3 +255,26 @@ async def test_a_refusal_after_some_writes_undoes_them_all(api: Api) -> None:
     assert ok.status_code == 200, ok.text
     changes = await api.ledger.schedule_changes(ScheduleChangesSince(head, 100))
     assert [change.schedule_id for change in changes] == ["a", "b"]  # none of the undone
+
+
+async def test_a_tenant_tokens_prune_never_touches_task_types_or_other_tenants(api: Api) -> None:
+    shared = {
+        "manifest_set": SET,
+        "task_types": [{"name": "shared", "kind": "noop", "allowed_tenants": ["*"]}],
+        "schedules": [schedule("mine", 1), schedule("theirs", 2, tenant_id="globex")],
+    }
+    assert (await apply(api, shared)).status_code == 200
+    pruning = manifest(prune=True)
+    response = await apply(api, pruning, headers=api.tenant("acme"))
+    assert response.status_code == 200, response.text
+    assert [(c["name"], c["action"]) for c in response.json()["changes"]] == [("mine", "delete")]
+    assert sorted(await api.ledger.schedules_get_many(["mine", "theirs"])) == ["theirs"]
+    assert (await api.ledger.task_types_get("shared")).name == "shared"
+
+
+async def test_a_tenant_token_learns_only_that_a_foreign_id_is_taken(api: Api) -> None:
+    other_set = {"manifest_set": "globex-set", "schedules": [schedule("g", 1, tenant_id="globex")]}
+    assert (await apply(api, other_set)).status_code == 200
+    attempt = manifest(schedule("g", 7))
+    problem = assert_problem(await apply(api, attempt, headers=api.tenant("acme")), 422)
+    assert problem["errors"] == ["billing.yaml:7 (schedules[0]): schedule id 'g' is taken"]
