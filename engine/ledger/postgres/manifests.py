@@ -4,13 +4,15 @@ manifests_apply` as one transaction.
 Order inside the transaction, which is what keeps it free of interleaving and deadlocks:
 
 1. ``pg_advisory_xact_lock(MANIFEST_LOCK_SPACE, hashtext(set))``: a second apply of the
-   same set waits here until the first commits, then plans against its result.
-2. The audit lock (unless a dry run): held to commit, taken *before* any schedule write
-   takes the change-feed lock, in the order an operator's trigger or backfill takes the
-   two (``sql_api``), so the pair cannot deadlock.
-3. The state: the listed and owned schedules ``FOR UPDATE`` in id order (a concurrent
-   update of one of them finishes first, or waits for the apply), every task type and
-   tenant, the labels. Then the planner runs, once.
+   same set waits here until the first commits, then plans against its result. Applies of
+   other sets do not wait (until step 3).
+2. The state: the listed and owned schedules ``FOR UPDATE`` in id order (a concurrent
+   update, trigger or backfill of one of them finishes first, or waits for the apply),
+   every task type and tenant, the labels. Then the planner runs, once. A dry run, and a
+   plan without changes, end here.
+3. The audit lock, held to commit: taken *before* any schedule write takes the change-feed
+   lock, in the order an operator's trigger or backfill takes the two (``sql_api``), so the
+   pair cannot deadlock. Write phases of applies (and audited actions) queue here.
 4. The writes, each through the single-object operation of its kind
    (:mod:`~engine.ledger.postgres.schedules`, :mod:`~engine.ledger.postgres.catalog`) run
    on this transaction's connection (their own transactions become savepoints), so their
@@ -116,12 +118,11 @@ async def manifests_apply(store: Store, params: ManifestsApply) -> list[Manifest
     actor = validate_actor(params.actor)
     async with store.transaction() as connection:
         await connection.execute(MANIFEST_LOCK, manifest_set)
-        if not params.dry_run:
-            await connection.execute(sql.AUDIT_LOCK)
         state = await _read_state(connection, manifest_set, params)
         changes = check_changes(params.plan(state))
         if params.dry_run or not changes:
             return [planned(change) for change in changes]
+        await connection.execute(sql.AUDIT_LOCK)
         inner = cast(Store, _InTransaction(store, connection))
         done = [await _apply_one(inner, connection, change) for change in changes]
         kept = [
