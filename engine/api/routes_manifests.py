@@ -50,8 +50,9 @@ from engine.model import (
     validate_tenant,
 )
 
-ERRORS_SHOWN_MAX: Final = 1000
-"""Most bad items one answer lists (a set with more is refused all the same)."""
+ERRORS_SHOWN_MAX: Final = 10_000
+"""Most bad items one answer lists (a set with more is refused all the same, and the
+detail counts them all)."""
 _LEDGER_FIELDS: Final = frozenset({"version", "updated_at", "partition_id", "next_run_at"})
 """Fields the ledger sets: never a difference between a manifest and what is stored."""
 _SOURCE_LENGTH_MAX: Final = 1000
@@ -122,8 +123,10 @@ def _decode(
         if_version = fields.pop("if_version", None)
         name = fields.pop(key, None) if kind != "schedules" else fields.get(key)
         try:
+            if name is None:
+                raise InvalidField(f"{key!r} is required: a manifest names its objects")
             if not isinstance(name, str):
-                raise InvalidField(f"{key!r} is required")
+                raise InvalidField(f"{key!r} must be a string, got {name!r}")
             validate_identifier(name, kind=key.replace("_", " "))
             if if_version is not None and (
                 isinstance(if_version, bool) or not isinstance(if_version, int) or if_version < 0

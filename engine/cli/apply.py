@@ -12,11 +12,13 @@ the API could not be used.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any, Final
 
 from engine.cli.client import (
     EXIT_USAGE,
+    ApiProblem,
     CommandFailed,
     add_client_arguments,
     open_client,
@@ -80,7 +82,17 @@ def _send(args: argparse.Namespace, *, dry_run: bool) -> dict[str, Any]:
     manifests = load(args.files, args.set_name)
     body = {"manifest_set": manifests.name, "prune": args.prune, **manifests.items}
     with open_client(args) as api:
-        answer = api.call("POST", "/v1/apply", query={"dry_run": dry_run}, body=body)
+        try:
+            answer = api.call("POST", "/v1/apply", query={"dry_run": dry_run}, body=body)
+        except ApiProblem as problem:
+            if len(problem.errors) > 1:  # every bad item, one a line, before the summary
+                for error in problem.errors:
+                    print(f"  {error}", file=sys.stderr)
+                detail = str(problem).split(": ", 1)[0]
+                raise CommandFailed(
+                    f"{detail} ({len(problem.errors)} listed above)", problem.exit_code
+                ) from None
+            raise
     if args.output == "json":
         print(answer.text)
     result: dict[str, Any] = answer.json()

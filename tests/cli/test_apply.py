@@ -6,6 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from engine.cli.manifest_files import load
+from engine.errors import InvalidField
 from tests.cli.conftest import Api
 from tests.cli.harness import Cli
 
@@ -100,7 +104,10 @@ async def test_bad_items_in_every_format_are_named_with_file_and_line(
     write(tmp_path, "c.json", JSON_TEXT)
     result = await cli("apply", "-f", str(tmp_path), "-o", "json")
     assert result.code == 2
-    assert "3 manifest item(s) are invalid; nothing was applied" in result.err
+    assert result.err.endswith(
+        "carillon: error: 3 manifest item(s) are invalid; nothing was applied (3 listed above)\n"
+    )
+    assert len(result.err.splitlines()) == 4  # one line per bad item, then the summary
     assert "a.yaml:11 (schedules[1])" in result.err
     assert "b.toml:9 (schedules[3])" in result.err
     assert "c.json:9 (schedules[5])" in result.err
@@ -145,3 +152,35 @@ async def test_unreadable_manifests_are_usage_errors(api: Api, cli: Cli, tmp_pat
     missing = await cli("apply", "-f", str(tmp_path / "absent.yaml"))
     assert missing.code == 2
     assert "no such file" in missing.err
+
+
+def test_toml_items_outside_array_tables_are_named_by_index(tmp_path: Path) -> None:
+    inline = 'manifest_set = "m"\nschedules = [{schedule_id = "a"}, {schedule_id = "b"}]\n'
+    loaded = load([write(tmp_path, "inline.toml", inline)])
+    sources = [item["source"] for item in loaded.items["schedules"]]
+    assert sources == [
+        f"{tmp_path}/inline.toml schedules[0]",
+        f"{tmp_path}/inline.toml schedules[1]",
+    ]
+
+
+def test_yaml_and_json_items_carry_the_line_they_start_on(tmp_path: Path) -> None:
+    yaml_text = "manifest_set: m\n\nschedules:\n\n  - schedule_id: a\n  -\n    schedule_id: b\n"
+    loaded = load([write(tmp_path, "m.yaml", yaml_text)])
+    assert [item["source"] for item in loaded.items["schedules"]] == [
+        f"{tmp_path}/m.yaml:5",
+        f"{tmp_path}/m.yaml:7",
+    ]
+    json_text = '{"manifest_set": "m",\n "tenants": [\n\n  {"tenant_id": "t"}, {"tenant_id": "u"}]}'
+    loaded = load([write(tmp_path, "m.json", json_text)])
+    assert [item["source"] for item in loaded.items["tenants"]] == [
+        f"{tmp_path}/m.json:4",
+        f"{tmp_path}/m.json:4",
+    ]
+
+
+def test_files_naming_two_sets_are_refused(tmp_path: Path) -> None:
+    write(tmp_path, "a.yaml", "manifest_set: one\n")
+    write(tmp_path, "b.json", '{"manifest_set": "two"}')
+    with pytest.raises(InvalidField, match="differs from 'one'"):
+        load([tmp_path])
