@@ -293,7 +293,7 @@ class _Planner:
                 if not used.usable_by(wanted.tenant_id):
                     raise InvalidField(
                         f"task type {wanted.task_type!r} is not granted to tenant "
-                        f"{wanted.tenant_id!r} (docs/security.md, task types and tenants)"
+                        f'{wanted.tenant_id!r} (docs/api.md, "Task types belong to tenants")'
                     )
             except (CarillonError, ValueError) as exc:
                 errors.append(f"{item.where}: {exc}")
