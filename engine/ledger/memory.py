@@ -21,11 +21,12 @@ Design
   may be created again, and planning inserts executions only for live schedules.
 * **Cluster caps.** A claim counts the running executions of a capped task type from an
   index kept by the execution table, so uncapped task types cost a dictionary lookup.
-* **Layout.** This module keeps schedules, planning and dispatch; three mixins of this class
+* **Layout.** This module keeps schedules, planning and dispatch; four mixins of this class
   hold the rest: :mod:`engine.ledger._memory_cluster` (clock, settings, leases, membership),
   :mod:`engine.ledger._memory_admin` (task types, tenants, execution reads, dead-letter
-  replay, the audit trail) and :mod:`engine.ledger._memory_api` (API tokens, trigger and
-  backfill, schedule quotas and census). The tables and row transitions are in
+  replay, the audit trail), :mod:`engine.ledger._memory_api` (API tokens, trigger and
+  backfill, schedule quotas and census) and :mod:`engine.ledger._memory_manifests`
+  (manifest sets). The tables and row transitions are in
   :mod:`engine.ledger._memory_tables`.
 
 Invariants
