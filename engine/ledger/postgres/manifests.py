@@ -171,7 +171,9 @@ async def _read_state(
     rows = await connection.fetch(SCHEDULES_LOCK_MANY, ids)
     found = [schedule_from_row(row) for row in rows]
     return ManifestState(
-        now=await connection.fetchval("SELECT now()"),
+        # After the set's lock: a transaction that waited for another apply plans from the
+        # time it got the lock (next fires of new schedules), not from when it began.
+        now=await connection.fetchval("SELECT statement_timestamp()"),
         manifest_set=manifest_set,
         schedules={schedule.schedule_id: schedule for schedule in found},
         task_types={
