@@ -281,6 +281,11 @@ class AuditAction(enum.StrEnum):
     ``description``."""
     TOKEN_REVOKE = "token.revoke"
     """An API token was revoked. ``target``: its token id; ``details``: ``scope``."""
+    MANIFEST_APPLY = "manifest.apply"
+    """A manifest set changed an object (``carillon apply``). ``target``: the object's id or
+    name; ``details``: ``manifest_set``, ``kind`` (schedule, task_type, tenant), ``change``
+    (create, update, adopt, delete, release), ``fields`` (what an update changed),
+    ``version`` (after the change) and ``source`` (the manifest's file and line, if sent)."""
 
 
 class AuditEvent(msgspec.Struct, frozen=True, kw_only=True):

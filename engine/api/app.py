@@ -22,7 +22,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
 
-from engine.api import console, problems, routes_admin, routes_executions, routes_schedules
+from engine.api import (
+    console,
+    problems,
+    routes_admin,
+    routes_executions,
+    routes_manifests,
+    routes_schedules,
+)
 from engine.api.auth import Authenticator
 from engine.api.console.web import ConsoleSettings
 from engine.api.endpoint import (
@@ -157,6 +164,7 @@ def endpoints() -> tuple[Endpoint, ...]:
         *routes_schedules.ENDPOINTS,
         *routes_executions.ENDPOINTS,
         *routes_admin.ENDPOINTS,
+        *routes_manifests.ENDPOINTS,
     )
 
 

@@ -206,6 +206,9 @@ class Endpoint:
     """What the 413 adds to its detail (how to stay under the limit)."""
     query: tuple[QueryParam, ...] = ()
     tag: str = "schedules"
+    errors: tuple[int, ...] = ()
+    """Error statuses beyond those its access, body and parameters imply (a token route
+    that refuses some callers with 403 by what they ask)."""
 
 
 class ApiServices(Protocol):

@@ -112,7 +112,7 @@ def error_statuses(endpoint: Endpoint, *, guarded: bool) -> set[int]:
         statuses.add(422)
     if path_params or endpoint.access is Access.METRICS:  # a node may serve no metrics
         statuses.add(404)
-    return statuses
+    return statuses | set(endpoint.errors)
 
 
 def _operation(endpoint: Endpoint, by_type: dict[Any, Any], *, guarded: bool) -> dict[str, Any]:

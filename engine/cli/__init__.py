@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from engine import __version__
 from engine.cli import (
+    apply,
     cluster,
     dlq,
     executions,
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         executions,
         dlq,
         import_crontab,
+        apply,
         task_types,
         tenants,
         cluster,

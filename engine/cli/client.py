@@ -76,12 +76,14 @@ class CommandFailed(CarillonError):
 class ApiProblem(CommandFailed):
     """The API answered with an error (a problem document, or something else)."""
 
-    def __init__(self, status: int, slug: str, detail: str) -> None:
+    def __init__(self, status: int, slug: str, detail: str, errors: tuple[str, ...] = ()) -> None:
         code = EXIT_USAGE if status in USAGE_STATUSES else EXIT_FAILURE
         super().__init__(detail, code)
         self.status = status
         self.slug = slug
         """The problem type without its ``urn:carillon:problem:`` prefix (``not-found``)."""
+        self.errors = errors
+        """Every problem the answer listed (the message quotes the first three)."""
 
 
 # --- where and who ---------------------------------------------------------------------------
@@ -339,6 +341,7 @@ class ApiClient:
             )
         detail: str = body["detail"]
         errors = body.get("errors")
+        listed = tuple(str(error) for error in errors) if isinstance(errors, list) else ()
         if isinstance(errors, list) and errors:
             detail += ": " + "; ".join(str(error) for error in errors[:3])
             if len(errors) > 3:
@@ -346,7 +349,7 @@ class ApiClient:
         if response.status_code == 401:
             detail += f" ({HOW_TO_GET_A_TOKEN})"
         slug = str(body.get("type", "")).rpartition(":")[2]
-        return ApiProblem(response.status_code, slug, detail)
+        return ApiProblem(response.status_code, slug, detail, listed)
 
     def _not_carillon(self) -> CommandFailed:
         return CommandFailed(

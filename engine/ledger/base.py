@@ -40,6 +40,7 @@ from engine.ledger.common import (
     task_type_in_use,
     unknown_task_types,
 )
+from engine.ledger.manifests import ManifestDone, ManifestsApply
 from engine.ledger.params import (
     BATCH_ROWS_MAX,
     CENSUS_GROUPS_MAX,
@@ -174,6 +175,8 @@ __all__ = [
     "LeasesRelease",
     "LeasesRenew",
     "Ledger",
+    "ManifestDone",
+    "ManifestsApply",
     "NodeInfo",
     "NodesHeartbeat",
     "Outcome",
@@ -445,6 +448,27 @@ class Ledger(Protocol):
 
     async def tenants_list(self) -> list[Tenant]:
         """Every stored tenant, by id; tenants absent from it have the defaults."""
+        ...
+
+    async def manifests_apply(self, params: ManifestsApply) -> list[ManifestDone]:
+        """Apply a manifest set (:mod:`engine.ledger.manifests`) in one transaction.
+
+        Serialized per set name (Postgres: a transaction advisory lock keyed by it; memory:
+        one synchronous stretch): under it the ledger reads the state -- the live schedules
+        among ``schedule_ids`` and those labelled with the set (locked for update), every
+        task type and tenant, the labels of the listed objects and of the set's own --,
+        calls ``plan`` once with it, and makes the changes it returns in their order, each
+        with the rules of its single-object method (:meth:`schedules_create`, ``_update``,
+        ``_delete``, :meth:`task_types_put`, ``_delete``, :meth:`tenants_put`) and refused
+        with ``VersionConflict`` if the object is no longer at ``expected_version``. Each
+        change writes (or, deleted or released, removes) the object's label and appends
+        an audit event ``manifest.apply`` (target its name; details ``manifest_set``,
+        ``kind``, ``change``, ``fields``, ``version``, ``source``), in the same transaction.
+        Any refusal -- the planner's own exceptions included, which propagate unchanged --
+        changes nothing. ``dry_run`` returns the plan and writes nothing (no label, no
+        audit); so does a plan without changes. ``InvalidField`` for a malformed set name
+        or actor, or more than :data:`~engine.ledger.manifests.MANIFEST_CHANGES_MAX` changes.
+        """
         ...
 
     # API tokens ----------------------------------------------------------------------------

@@ -21,11 +21,12 @@ Design
   may be created again, and planning inserts executions only for live schedules.
 * **Cluster caps.** A claim counts the running executions of a capped task type from an
   index kept by the execution table, so uncapped task types cost a dictionary lookup.
-* **Layout.** This module keeps schedules, planning and dispatch; three mixins of this class
+* **Layout.** This module keeps schedules, planning and dispatch; four mixins of this class
   hold the rest: :mod:`engine.ledger._memory_cluster` (clock, settings, leases, membership),
   :mod:`engine.ledger._memory_admin` (task types, tenants, execution reads, dead-letter
-  replay, the audit trail) and :mod:`engine.ledger._memory_api` (API tokens, trigger and
-  backfill, schedule quotas and census). The tables and row transitions are in
+  replay, the audit trail), :mod:`engine.ledger._memory_api` (API tokens, trigger and
+  backfill, schedule quotas and census) and :mod:`engine.ledger._memory_manifests`
+  (manifest sets). The tables and row transitions are in
   :mod:`engine.ledger._memory_tables`.
 
 Invariants
@@ -55,6 +56,7 @@ from engine.ledger import _memory_tables as transitions
 from engine.ledger._memory_admin import AdminMethods
 from engine.ledger._memory_api import ApiMethods, TokenTable, added, revivable
 from engine.ledger._memory_cluster import ClusterMethods
+from engine.ledger._memory_manifests import ManifestMethods
 from engine.ledger._memory_tables import (
     AuditLog,
     ChangeFeed,
@@ -110,6 +112,7 @@ from engine.ledger.base import (
     unknown_task_types,
 )
 from engine.ledger.common import changes_pruned, check_id_prefix, fires_among, unusable_task_types
+from engine.ledger.manifests import Label
 from engine.ledger.params import PARTITIONS_DEFAULT, REGION_DEFAULT, plannable
 from engine.model import (
     ConsoleSession,
@@ -133,7 +136,7 @@ _NOT_STARTED = frozenset({ExecutionStatus.QUEUED, ExecutionStatus.FAILED})
 _DEAD_LETTERS = frozenset({ExecutionStatus.DEAD_LETTER})
 
 
-class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
+class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods, ManifestMethods):
     """The ledger contract in process memory, on an injected clock.
 
     ``partition_count`` and ``active_region`` are the cluster settings a ``migrate`` would
@@ -173,6 +176,8 @@ class MemoryLedger(ClusterMethods, AdminMethods, ApiMethods):
         self._tokens = TokenTable()
         self._sessions: dict[bytes, ConsoleSession] = {}
         """Console sessions by the hash of their id."""
+        self._manifest_labels: dict[Label, str] = {}
+        """Ownership labels of manifest sets: (kind, name) -> set name."""
 
     def _now(self) -> datetime:
         now = self._clock.now()

@@ -88,7 +88,17 @@ from engine.ledger.base import (
     TokensRevoke,
 )
 from engine.ledger.bridge import DatabaseBridge, open_bridge
-from engine.ledger.postgres import api, audit, catalog, cluster, executions, schedules, sql
+from engine.ledger.manifests import ManifestDone, ManifestsApply
+from engine.ledger.postgres import (
+    api,
+    audit,
+    catalog,
+    cluster,
+    executions,
+    manifests,
+    schedules,
+    sql,
+)
 from engine.ledger.postgres.connection import connect, create_pool, translate_errors
 from engine.ledger.postgres.listener import ChangeListener
 from engine.ledger.postgres.migrate import latest_version
@@ -216,6 +226,9 @@ class PostgresLedger:
 
     async def tenants_list(self) -> list[Tenant]:
         return await self._run(catalog.tenants_list, None)
+
+    async def manifests_apply(self, params: ManifestsApply) -> list[ManifestDone]:
+        return await self._run(manifests.manifests_apply, params)
 
     # API tokens ------------------------------------------------------------------------------
 
