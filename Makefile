@@ -6,6 +6,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist): most tests wait on PostgreSQL or on a subprocess, so two
+# overlap well on two cores; 0 runs the suite in this process, one test at a time.
+PYTEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 RUN_ARGS ?=
 CHAOS_ARGS ?=
 GAMEDAY_ARGS ?=
@@ -30,7 +34,7 @@ $(STAMP): pyproject.toml engine/__init__.py
 install: $(STAMP) ## Create .venv and install Carillon with its test and benchmark tools (idempotent)
 
 test: $(STAMP) chromium lint typecheck ## Lint, type-check and run the whole test suite
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
 
 chromium: ## Install Debian's Chromium for the browser tests if missing and possible (never fails)
 	@sh tests/console/ensure-chromium
@@ -38,8 +42,8 @@ chromium: ## Install Debian's Chromium for the browser tests if missing and poss
 console-screenshots: $(STAMP) chromium ## Retake docs/img/console-*.png from the demo dataset
 	$(BIN)/python -m tests.console.screenshots docs/img
 
-unit: $(STAMP) ## Run the test suite only (PYTEST_ARGS="-k ..." to filter)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+unit: $(STAMP) ## Run the test suite only (PYTEST_ARGS="-k ..." to filter; PYTEST_WORKERS=0: one process)
+	$(PYTEST) $(PYTEST_ARGS)
 
 lint: $(STAMP) ## ruff lint and format check
 	$(BIN)/ruff check engine tests benchmarks simulations

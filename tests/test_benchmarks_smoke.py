@@ -3,7 +3,8 @@
 The smoke runs mostly wait -- for a burst's instant, a lease to run out, the peer's
 processes -- so they start together, when the first of these tests asks, and each test then
 waits for its own. One after another they took about 2.5 minutes; together, about as long
-as the slowest. Each benchmark makes its own databases, so they do not meet.
+as the slowest. Each benchmark makes its own databases, so they do not meet. Under
+pytest-xdist (``make test``) they form one group, so one test process starts them, once.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def smoke_runs(
             run.process.wait()
 
 
+@pytest.mark.xdist_group("benchmark-smoke")  # one test process starts them all, once
 @pytest.mark.parametrize("script", BENCHMARKS, ids=lambda path: path.stem)
 def test_benchmark_runs_in_quick_mode(script: Path, smoke_runs: dict[str, SmokeRun]) -> None:
     run = smoke_runs[script.stem]
