@@ -27,7 +27,8 @@ import trio
 
 from engine.actors.retry import retry_unavailable
 from engine.errors import ChangesPruned, LedgerUnavailable
-from engine.ledger.base import PAGE_SIZE_MAX, Ledger, ScheduleChangesSince
+from engine.ledger.base import Ledger
+from engine.ledger.params import PAGE_SIZE_MAX, ScheduleChangesSince
 from engine.metrics import NodeMetrics
 
 log = logging.getLogger("carillon.changes")

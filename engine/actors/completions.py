@@ -23,7 +23,8 @@ import trio
 from engine.actors.attempts import Attempt
 from engine.actors.partitions import PartitionTable
 from engine.actors.retry import call_fenced
-from engine.ledger.base import CompleteResult, Completion, ExecutionsComplete, Fence, Ledger
+from engine.ledger.base import Ledger
+from engine.ledger.params import CompleteResult, Completion, ExecutionsComplete, Fence
 
 log = logging.getLogger("carillon.completions")
 

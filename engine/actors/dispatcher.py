@@ -70,13 +70,13 @@ from engine.core.fair_queue import FairQueue, PushOutcome
 from engine.core.queue_shares import Position, QueueShares
 from engine.core.token_bucket import TokenBucket
 from engine.errors import CarillonError
-from engine.ledger.base import (
+from engine.ledger.base import Ledger
+from engine.ledger.params import (
     PAGE_SIZE_MAX,
     DueCursor,
     ExecutionsClaim,
     ExecutionsDue,
     Fence,
-    Ledger,
     due_cursor,
 )
 from engine.metrics import SKIP_OVERLAP, NodeMetrics

@@ -49,14 +49,8 @@ from engine.actors.partitions import PartitionTable
 from engine.clock import Clock
 from engine.core.ownership import plan_ownership
 from engine.errors import LedgerUnavailable
-from engine.ledger.base import (
-    REGION_DEFAULT,
-    Fence,
-    LeasesAcquire,
-    LeasesRelease,
-    LeasesRenew,
-    Ledger,
-)
+from engine.ledger.base import Ledger
+from engine.ledger.params import REGION_DEFAULT, Fence, LeasesAcquire, LeasesRelease, LeasesRenew
 from engine.metrics import LEASE_LOST_EXPIRED, LEASE_LOST_REFUSED, NodeMetrics
 
 log = logging.getLogger("carillon.leases")

@@ -26,7 +26,8 @@ import trio
 from engine.actors.retry import retry_unavailable
 from engine.clock import Clock
 from engine.errors import LedgerUnavailable
-from engine.ledger.base import ClusterSettings, Ledger, NodesHeartbeat
+from engine.ledger.base import Ledger
+from engine.ledger.params import ClusterSettings, NodesHeartbeat
 
 log = logging.getLogger("carillon.membership")
 

@@ -37,10 +37,10 @@ from engine.core.catchup import catch_up
 from engine.core.plan_heap import PlanHeap
 from engine.core.timetable import Timetable, TimetableCache
 from engine.errors import LeaseLost, NotFound, ValidationError
-from engine.ledger.base import (
+from engine.ledger.base import Ledger
+from engine.ledger.params import (
     ExecutionsPlan,
     Fence,
-    Ledger,
     PlannableSchedule,
     PlannedExecution,
     ScheduleAdvance,

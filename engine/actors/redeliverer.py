@@ -17,7 +17,8 @@ import trio
 from engine.actors.partitions import PartitionTable
 from engine.actors.retry import repeat_every
 from engine.errors import LeaseLost
-from engine.ledger.base import ExecutionsRequeueExpired, Ledger
+from engine.ledger.base import Ledger
+from engine.ledger.params import ExecutionsRequeueExpired
 from engine.metrics import NodeMetrics
 
 log = logging.getLogger("carillon.redeliverer")

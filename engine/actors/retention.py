@@ -29,7 +29,8 @@ import trio
 from engine.actors.partitions import PartitionTable
 from engine.actors.retry import repeat_every
 from engine.errors import LeaseLost
-from engine.ledger.base import ExecutionsPurge, Ledger, ScheduleChangesPrune
+from engine.ledger.base import Ledger
+from engine.ledger.params import ExecutionsPurge, ScheduleChangesPrune
 
 log = logging.getLogger("carillon.retention")
 

@@ -69,7 +69,8 @@ from engine.core.retry_policy import Decision, RetryPolicy, decide
 from engine.errors import CarillonError
 from engine.handlers import ExecutionContext, HandlerResult, OutcomeKind
 from engine.handlers.base import ERROR_MESSAGE_CHARS_MAX, is_cancellation
-from engine.ledger.base import (
+from engine.ledger.base import Ledger
+from engine.ledger.params import (
     BATCH_ROWS_MAX,
     SCHEDULE_DELETED,
     SCHEDULE_DELETED_MESSAGE,
@@ -77,7 +78,6 @@ from engine.ledger.base import (
     Completion,
     ExecutionsExtend,
     Fence,
-    Ledger,
     Outcome,
 )
 from engine.metrics import NodeMetrics

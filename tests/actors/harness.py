@@ -19,8 +19,8 @@ import trio
 from engine.config import WORKERS_DEFAULT, NodeConfig
 from engine.core.timetable import Timetable, TimetableCache
 from engine.errors import LeaseLost, LedgerUnavailable
-from engine.ledger.base import ExecutionsQuery, SchedulesCreate
 from engine.ledger.memory import MemoryLedger
+from engine.ledger.params import ExecutionsQuery, SchedulesCreate
 from engine.model import Execution, Schedule
 from engine.node import Node
 from engine.testing import SkewedClock

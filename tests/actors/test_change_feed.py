@@ -15,7 +15,8 @@ from engine.actors.partitions import PartitionTable
 from engine.actors.planner import PlannerConfig
 from engine.actors.planner_supervisor import PlannerSupervisor
 from engine.core.timetable import TimetableCache
-from engine.ledger.base import (
+from engine.ledger.memory import MemoryLedger
+from engine.ledger.params import (
     ExecutionsQuery,
     Fence,
     LeasesAcquire,
@@ -23,7 +24,6 @@ from engine.ledger.base import (
     SchedulesCreate,
     SchedulesUpdate,
 )
-from engine.ledger.memory import MemoryLedger
 from engine.metrics import NodeMetrics
 from engine.model import Schedule
 from engine.testing import SkewedClock

@@ -21,7 +21,8 @@ from engine.actors.planner_supervisor import PlannerSupervisor
 from engine.actors.planning_gate import LOAD_HOLD_MAX_S, WRITES_IN_PARALLEL
 from engine.core.hashing import partition_of
 from engine.core.timetable import TimetableCache
-from engine.ledger.base import (
+from engine.ledger.memory import MemoryLedger
+from engine.ledger.params import (
     ExecutionsPlan,
     Fence,
     LeasesAcquire,
@@ -29,7 +30,6 @@ from engine.ledger.base import (
     PlanResult,
     SchedulesPlannable,
 )
-from engine.ledger.memory import MemoryLedger
 from engine.metrics import NodeMetrics
 from engine.model import Schedule
 from engine.testing import SkewedClock

@@ -20,7 +20,8 @@ from starlette.applications import Starlette
 from engine.api.app import ApiContext, create_app
 from engine.api.auth import Authenticator, new_token
 from engine.errors import LedgerUnavailable
-from engine.ledger.base import (
+from engine.ledger.base import Ledger
+from engine.ledger.params import (
     Completion,
     ExecutionsClaim,
     ExecutionsComplete,
@@ -28,7 +29,6 @@ from engine.ledger.base import (
     ExecutionsTrigger,
     Fence,
     LeasesAcquire,
-    Ledger,
     Outcome,
     PlannedExecution,
     TaskTypesPut,

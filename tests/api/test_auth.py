@@ -20,7 +20,8 @@ from engine.api.auth import (
 )
 from engine.api.endpoint import Access, Endpoint
 from engine.api.problems import Problem
-from engine.ledger.base import Ledger, TokensCreate, TokensRevoke
+from engine.ledger.base import Ledger
+from engine.ledger.params import TokensCreate, TokensRevoke
 from engine.model import ApiToken
 from engine.testing import ManualClock
 from tests.api.support import (

@@ -22,7 +22,8 @@ from engine.config import (
     NodeConfig,
 )
 from engine.errors import LedgerUnavailable, NotFound
-from engine.ledger.base import Ledger, TokensRevoke
+from engine.ledger.base import Ledger
+from engine.ledger.params import TokensRevoke
 from engine.model import ConsoleSession
 from engine.node import Node
 from engine.testing import ManualClock

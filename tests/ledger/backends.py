@@ -24,8 +24,9 @@ import asyncpg
 import trio
 
 from engine.core.hashing import partition_of
-from engine.ledger.base import Ledger, TaskTypesPut
+from engine.ledger.base import Ledger
 from engine.ledger.database import url_with_database as with_database
+from engine.ledger.params import TaskTypesPut
 from engine.model import HandlerKind, Schedule, TaskType
 from engine.testing import ManualClock
 

@@ -29,7 +29,8 @@ from engine.errors import (
     QuotaExceeded,
     VersionConflict,
 )
-from engine.ledger.base import (
+from engine.ledger.common import encode_cursor
+from engine.ledger.params import (
     BATCH_ROWS_MAX,
     CENSUS_GROUPS_MAX,
     PAGE_SIZE_MAX,
@@ -79,9 +80,8 @@ from engine.ledger.base import (
     TokensCreate,
     TokensRevoke,
     due_cursor,
-    encode_cursor,
+    plannable,
 )
-from engine.ledger.params import plannable
 from engine.model import (
     PAYLOAD_BYTES_MAX,
     SETTINGS_BYTES_MAX,

@@ -14,16 +14,22 @@ from typing import Any, NoReturn
 import asyncpg
 
 from engine.errors import InUse, NotFound, VersionConflict
-from engine.ledger.base import IN_USE_SHOWN_MAX, TaskTypesPut, TenantsPut, task_type_in_use
-from engine.ledger.common import lost_users, task_type_grant_in_use, task_type_runs_in_use
+from engine.ledger.common import (
+    IN_USE_SHOWN_MAX,
+    lost_users,
+    task_type_grant_in_use,
+    task_type_in_use,
+    task_type_runs_in_use,
+)
+from engine.ledger.params import TaskTypesPut, TenantsPut
 from engine.ledger.postgres import sql
 from engine.ledger.postgres.rows import task_type_from_row, tenant_from_row
 from engine.ledger.postgres.store import Store
-from engine.model import TaskType, Tenant, validate_task_type, validate_tenant
+from engine.model import TaskType, Tenant
 
 
 async def task_types_put(store: Store, params: TaskTypesPut) -> TaskType:
-    task_type = validate_task_type(params.task_type)
+    task_type = params.checked().task_type
     overlap = None if task_type.overlap is None else str(task_type.overlap)
     async with store.transaction() as connection:
         current = await connection.fetchrow(sql.TASK_TYPE_LOCK_FOR_CHANGE, task_type.name)
@@ -95,7 +101,7 @@ async def task_types_delete(store: Store, name: str) -> TaskType:
 
 
 async def tenants_put(store: Store, params: TenantsPut) -> Tenant:
-    tenant = validate_tenant(params.tenant)
+    tenant = params.checked().tenant
     async with store.connection() as connection:
         row = await connection.fetchrow(
             sql.TENANT_PUT,
