@@ -2,7 +2,7 @@
 
 Every schedule write ends the same way, in its own transaction: take the change-feed
 advisory lock, append its changes, NOTIFY (:func:`append_changes`; an operator's trigger
-and backfill end so too, :mod:`~engine.ledger.postgres.api`). The lock is held until
+and backfill end so too, :mod:`~engine.ledger.postgres.audit`). The lock is held until
 commit, so the next writer draws its ``seq`` only once this commit is visible: ``seq``
 order is commit order, and a reader may keep the last ``seq`` it saw as a watermark.
 Taking the lock last keeps the serialized section to one statement plus the commit.
