@@ -282,8 +282,10 @@ def checked_schedule(schedule: Schedule) -> Schedule:
     ``next_run_at`` in UTC: the check of every schedule a create or update stores."""
     validate_identifier(schedule.schedule_id, kind="schedule id")
     check_payload_size(schedule.payload)
-    next_run_at = utc_or_none(schedule.next_run_at, field="next_run_at")
-    return msgspec.structs.replace(schedule, next_run_at=next_run_at)
+    next_run_at = schedule.next_run_at
+    if next_run_at is None or next_run_at.tzinfo is UTC:
+        return schedule
+    return msgspec.structs.replace(schedule, next_run_at=utc(next_run_at, field="next_run_at"))
 
 
 class ScheduleChangesSince(msgspec.Struct, frozen=True):
@@ -409,26 +411,29 @@ class ExecutionsPlan(msgspec.Struct, frozen=True):
         """At most :data:`BATCH_ROWS_MAX` fires and advances; each fire ``queued``, or
         ``skipped`` with an ``error_code``; every instant aware (returned in UTC). Whether
         each schedule belongs to the fenced partition is checked against the cluster's
-        count (:func:`~engine.ledger.checks.check_schedules_routed`)."""
+        count (:func:`~engine.ledger.checks.check_schedules_routed`). Rows that need no
+        normalising are kept as they are: a planner's batch of thousands is not copied."""
         check_batch(len(self.executions), BATCH_ROWS_MAX, field="executions")
         check_batch(len(self.advances), BATCH_ROWS_MAX, field="advances")
         executions = []
         for fire in self.executions:
-            status = fire.status
+            status, planned_at = fire.status, fire.planned_at
             if status not in _PLANNABLE:
                 raise InvalidField(f"a planned execution is queued or skipped, not {status}")
             if status == ExecutionStatus.SKIPPED and fire.error_code is None:
                 raise InvalidField("a skipped execution must carry an error_code saying why")
-            executions.append(
-                msgspec.structs.replace(
+            if type(status) is not ExecutionStatus or planned_at.tzinfo is not UTC:
+                fire = msgspec.structs.replace(
                     fire,
                     status=ExecutionStatus(status),
-                    planned_at=utc(fire.planned_at, field="planned_at"),
+                    planned_at=utc(planned_at, field="planned_at"),
                 )
-            )
+            executions.append(fire)
         advances = [
-            msgspec.structs.replace(
-                advance, next_run_at=utc_or_none(advance.next_run_at, field="next_run_at")
+            advance
+            if advance.next_run_at is None or advance.next_run_at.tzinfo is UTC
+            else msgspec.structs.replace(
+                advance, next_run_at=utc(advance.next_run_at, field="next_run_at")
             )
             for advance in self.advances
         ]
