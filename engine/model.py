@@ -276,9 +276,10 @@ def startable_at(execution: Startable) -> datetime | None:
     :data:`STARTABLE_AT_ONCE`); every other status never (running, or terminal). The ledger's
     ``executions_due`` and ``executions_claim`` return and start exactly the executions whose
     instant is at or before theirs, ordered by it; the dispatcher queues each until it.
-    PostgreSQL mirrors it in the generated column ``executions.startable_at`` (``0001_initial.
-    sql``) read under ``status IN ('queued', 'failed')``; ``tests/ledger/test_startability.py``
-    pins the two against each other on a grid of rows.
+    PostgreSQL mirrors it in the generated column ``executions.startable_at``
+    (``engine/ledger/postgres/migrations/0001_initial.sql``), read under ``status IN
+    ('queued', 'failed')``; ``tests/ledger/test_startability.py`` pins the two against each
+    other on a grid of rows.
     """
     status = execution.status
     if status is ExecutionStatus.QUEUED:
