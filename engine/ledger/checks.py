@@ -60,6 +60,13 @@ def check_duration(value: float, *, field: str) -> float:
     return value
 
 
+def check_wait_timeout(timeout_s: float) -> float:
+    """How long a wait may last: zero or more seconds."""
+    if not timeout_s >= 0:
+        raise InvalidField(f"timeout_s must be zero or more seconds, got {timeout_s}")
+    return timeout_s
+
+
 def check_not_empty(value: str, *, field: str) -> str:
     if not value:
         raise InvalidField(f"{field} must not be empty")

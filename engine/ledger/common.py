@@ -25,6 +25,7 @@ from engine.errors import (
     NotFound,
     QuotaExceeded,
     ValidationError,
+    VersionConflict,
 )
 from engine.ledger.params import (
     ClusterSettings,
@@ -240,6 +241,27 @@ def fires_among(schedule: Schedule, instants: Iterable[datetime]) -> set[datetim
 
 IN_USE_SHOWN_MAX: Final = 5
 """How many schedule ids a refused task-type delete names."""
+
+
+NO_TOKEN_WITH_HASH: Final = "no token has this secret"
+TENANT_DEFAULTS: Final = "has no stored settings (it has the defaults)"
+"""What a tenant without a stored row is said to be (``tenants_get``'s ``NotFound``)."""
+
+
+def not_found(what: str, key: str, state: str = "does not exist") -> NotFound:
+    """The error for a record that is not there (``what``: "schedule", "task type", ...)."""
+    return NotFound(f"{what} {key!r} {state}")
+
+
+def version_conflict(
+    what: str, key: str, current: int | None, expected: int | None
+) -> VersionConflict:
+    """The error for a versioned write whose ``expected`` version is not the stored one
+    (``current``; ``None`` when the record does not exist)."""
+    state = "does not exist" if current is None else f"is at version {current}"
+    return VersionConflict(
+        f"{what} {key!r} {state}, not version {expected}; re-read it and apply the change again"
+    )
 
 
 def unknown_task_types(unknown: list[tuple[str, str]]) -> InvalidField:

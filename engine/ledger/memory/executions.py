@@ -16,9 +16,8 @@ from typing import Final
 import msgspec
 import trio
 
-from engine.errors import NotFound
 from engine.ledger.checks import check_executions_routed, check_schedules_routed
-from engine.ledger.common import decode_planned_cursor, encode_planned_cursor
+from engine.ledger.common import decode_planned_cursor, encode_planned_cursor, not_found
 from engine.ledger.memory import tables as transitions
 from engine.ledger.memory.state import MemoryState
 from engine.ledger.params import (
@@ -287,7 +286,7 @@ class ExecutionMethods(MemoryState):
         await trio.lowlevel.checkpoint()
         execution = self._executions.get(execution_id)
         if execution is None:
-            raise NotFound(f"execution {execution_id!r} does not exist")
+            raise not_found("execution", execution_id)
         return ExecutionDetail(
             execution=execution, attempts=self._executions.attempts(execution_id)
         )

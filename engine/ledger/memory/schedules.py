@@ -18,8 +18,7 @@ import msgspec
 import trio
 
 from engine.core.dst import DstGap, DstOverlap
-from engine.errors import InvalidField, VersionConflict
-from engine.ledger.checks import check_limit
+from engine.ledger.checks import check_limit, check_wait_timeout
 from engine.ledger.common import (
     changes_pruned,
     decode_id_cursor,
@@ -29,6 +28,7 @@ from engine.ledger.common import (
     schedules_exist,
     unknown_task_types,
     unusable_task_types,
+    version_conflict,
 )
 from engine.ledger.memory.state import MemoryState
 from engine.ledger.memory.tables import added, revivable, skipped_by_schedule
@@ -101,9 +101,8 @@ class ScheduleMethods(MemoryState):
         self._require_task_types([replacement])
         current = self._live_schedule(replacement.schedule_id)
         if current.version != params.expected_version:
-            raise VersionConflict(
-                f"schedule {current.schedule_id!r} is at version {current.version}, not "
-                f"{params.expected_version}; re-read it and apply the change again"
+            raise version_conflict(
+                "schedule", current.schedule_id, current.version, params.expected_version
             )
         now = self._now()
         stored = msgspec.structs.replace(
@@ -125,9 +124,7 @@ class ScheduleMethods(MemoryState):
         current = self._live_schedule(params.schedule_id)
         expected = params.expected_version
         if expected is not None and current.version != expected:
-            raise VersionConflict(
-                f"schedule {current.schedule_id!r} is at version {current.version}, not {expected}"
-            )
+            raise version_conflict("schedule", current.schedule_id, current.version, expected)
         now = self._now()
         del self._schedules[current.schedule_id]
         self._tombstones[current.schedule_id] = current
@@ -207,8 +204,7 @@ class ScheduleMethods(MemoryState):
 
     async def schedule_changes_wait(self, after_seq: int, timeout_s: float) -> bool:
         await trio.lowlevel.checkpoint()
-        if not timeout_s >= 0:
-            raise InvalidField(f"timeout_s must be zero or more seconds, got {timeout_s}")
+        check_wait_timeout(timeout_s)
         return await self._feed.wait_after(after_seq, timeout_s)
 
     def _skip_pending(self, schedule_id: str, now: datetime, code: str, message: str) -> None:

@@ -12,7 +12,8 @@ from datetime import UTC, datetime
 
 from engine.clock import Clock
 from engine.core.hashing import partition_of
-from engine.errors import ConfigError, NotFound
+from engine.errors import ConfigError
+from engine.ledger.common import TENANT_DEFAULTS, not_found
 from engine.ledger.memory.tables import (
     AuditLog,
     ChangeFeed,
@@ -57,9 +58,7 @@ class MemoryState:
         self._checkpoints: dict[int, datetime] = {}
         self._executions = ExecutionTable()
         self._task_types = VersionedTable[TaskType]("task type")
-        self._tenants = VersionedTable[Tenant](
-            "tenant", absent="has no stored settings (it has the defaults)"
-        )
+        self._tenants = VersionedTable[Tenant]("tenant", absent=TENANT_DEFAULTS)
         self._audit = AuditLog()
         self._tokens = TokenTable()
         self._sessions: dict[bytes, ConsoleSession] = {}
@@ -78,7 +77,7 @@ class MemoryState:
     def _live_schedule(self, schedule_id: str) -> Schedule:
         schedule = self._schedules.get(schedule_id)
         if schedule is None:
-            raise NotFound(f"schedule {schedule_id!r} does not exist")
+            raise not_found("schedule", schedule_id)
         return schedule
 
     def _record_change(self, schedule: Schedule, kind: ChangeKind) -> None:

@@ -33,8 +33,14 @@ from typing import Any, Final, Generic, TypeVar
 import msgspec
 import trio
 
-from engine.errors import LeaseLost, NotFound, VersionConflict
-from engine.ledger.common import token_hash_taken, token_id_taken
+from engine.errors import LeaseLost, NotFound
+from engine.ledger.common import (
+    NO_TOKEN_WITH_HASH,
+    not_found,
+    token_hash_taken,
+    token_id_taken,
+    version_conflict,
+)
 from engine.ledger.params import (
     LIFECYCLE_SKIPS,
     Attempt,
@@ -551,7 +557,7 @@ class VersionedTable(Generic[R]):
     def get(self, key: str) -> R:
         row = self._rows.get(key)
         if row is None:
-            raise NotFound(f"{self._what} {key!r} {self._absent}")
+            raise not_found(self._what, key, self._absent)
         return row
 
     def find(self, key: str) -> R | None:
@@ -567,10 +573,8 @@ class VersionedTable(Generic[R]):
         current = self._rows.get(key)
         version = 0 if current is None else current.version
         if expected_version is not None and expected_version != version:
-            state = "does not exist" if current is None else f"is at version {version}"
-            raise VersionConflict(
-                f"{self._what} {key!r} {state}, not version {expected_version}; re-read it "
-                "and apply the change again"
+            raise version_conflict(
+                self._what, key, None if current is None else version, expected_version
             )
 
     def put(self, key: str, record: R, expected_version: int | None, now: datetime) -> R:
@@ -651,13 +655,13 @@ class TokenTable:
     def get(self, token_id: str) -> ApiToken:
         token = self._rows.get(token_id)
         if token is None:
-            raise NotFound(f"token {token_id!r} does not exist")
+            raise not_found("token", token_id)
         return token
 
     def by_hash(self, token_hash: bytes) -> ApiToken:
         token_id = self._ids_by_hash.get(token_hash)
         if token_id is None:
-            raise NotFound("no token has this secret")
+            raise NotFound(NO_TOKEN_WITH_HASH)
         return self._rows[token_id]
 
     def replace(self, token: ApiToken) -> None:

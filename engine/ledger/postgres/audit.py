@@ -23,12 +23,12 @@ from typing import Any
 
 import asyncpg
 
-from engine.errors import NotFound
 from engine.ledger.checks import unique
 from engine.ledger.common import (
     backfill_audit_details,
     backfill_in_future,
     dead_letter_purge_details,
+    not_found,
     not_purged,
     replay_audit_details,
     trigger_audit_details,
@@ -228,7 +228,7 @@ async def _lock_schedule(connection: asyncpg.Connection, schedule_id: str) -> as
         sql_api.SCHEDULE_LOCK_FOR_ADD, schedule_id
     )
     if row is None:
-        raise NotFound(f"schedule {schedule_id!r} does not exist")
+        raise not_found("schedule", schedule_id)
     return row
 
 

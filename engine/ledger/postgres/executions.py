@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import asyncpg
 
-from engine.errors import LeaseLost, NotFound
+from engine.errors import LeaseLost
 from engine.ledger.checks import (
     check_executions_routed,
     check_schedules_routed,
@@ -36,6 +36,7 @@ from engine.ledger.checks import (
 from engine.ledger.common import (
     decode_planned_cursor,
     encode_planned_cursor,
+    not_found,
 )
 from engine.ledger.params import (
     Attempt,
@@ -308,7 +309,7 @@ async def executions_get(store: Store, execution_id_: str) -> ExecutionDetail:
     async with store.transaction(readonly=True) as connection:
         row = await connection.fetchrow(sql_executions.EXECUTION_GET, execution_id_)
         if row is None:
-            raise NotFound(f"execution {execution_id_!r} does not exist")
+            raise not_found("execution", execution_id_)
         attempts = await connection.fetch(sql_executions.ATTEMPTS_GET, execution_id_)
     execution = execution_from_columns(row)
     history = [attempt_from_row(a) for a in attempts]

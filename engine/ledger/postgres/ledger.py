@@ -40,8 +40,9 @@ from typing import TYPE_CHECKING, Final, TypeVar
 
 import trio
 
-from engine.errors import ConfigError, InvalidField
+from engine.errors import ConfigError
 from engine.ledger.bridge import DatabaseBridge, open_bridge
+from engine.ledger.checks import check_wait_timeout
 from engine.ledger.params import (
     AuditQuery,
     Backfilled,
@@ -191,8 +192,7 @@ class PostgresLedger:
         return await self._run(schedules.schedule_changes_prune, params)
 
     async def schedule_changes_wait(self, after_seq: int, timeout_s: float) -> bool:
-        if not timeout_s >= 0:
-            raise InvalidField(f"timeout_s must be zero or more seconds, got {timeout_s}")
+        check_wait_timeout(timeout_s)
         return await self._bridge.call(self._listener.wait, after_seq, timeout_s)
 
     # task types and tenants ------------------------------------------------------------------

@@ -28,17 +28,18 @@ import asyncpg
 
 from engine.core.dst import DstGap, DstOverlap
 from engine.core.hashing import partition_of
-from engine.errors import NotFound, VersionConflict
 from engine.ledger.checks import check_limit
 from engine.ledger.common import (
     changes_pruned,
     decode_id_cursor,
     encode_cursor,
     fires_among,
+    not_found,
     quota_exceeded,
     schedules_exist,
     unknown_task_types,
     unusable_task_types,
+    version_conflict,
 )
 from engine.ledger.params import (
     LIFECYCLE_SKIPS,
@@ -122,10 +123,9 @@ async def schedules_update(store: Store, params: SchedulesUpdate) -> Schedule:
         if row is None:
             current = await connection.fetchrow(sql.SCHEDULE_GET, schedule.schedule_id)
             if current is None:
-                raise NotFound(f"schedule {schedule.schedule_id!r} does not exist")
-            raise VersionConflict(
-                f"schedule {schedule.schedule_id!r} is at version {current['version']}, "
-                f"not {params.expected_version}: someone else updated it; re-read and retry"
+                raise not_found("schedule", schedule.schedule_id)
+            raise version_conflict(
+                "schedule", schedule.schedule_id, current["version"], params.expected_version
             )
         updated = schedule_from_row(row)
         if pausing:
@@ -151,14 +151,11 @@ async def schedules_delete(store: Store, params: SchedulesDelete) -> Schedule:
     async with store.transaction() as connection:
         row = await connection.fetchrow(sql.SCHEDULE_GET_FOR_UPDATE, params.schedule_id)
         if row is None:
-            raise NotFound(f"schedule {params.schedule_id!r} does not exist")
+            raise not_found("schedule", params.schedule_id)
         deleted = schedule_from_row(row)
         expected = params.expected_version
         if expected is not None and deleted.version != expected:
-            raise VersionConflict(
-                f"schedule {params.schedule_id!r} is at version {deleted.version}, "
-                f"not {expected}: someone else updated it; re-read and retry"
-            )
+            raise version_conflict("schedule", params.schedule_id, deleted.version, expected)
         # Order matters: the schedule is marked deleted first, and pending executions are
         # skipped by a later statement that sees everything planned before (sql.py).
         await connection.execute(sql.SCHEDULE_SOFT_DELETE, params.schedule_id)
@@ -182,7 +179,7 @@ async def schedules_get(store: Store, schedule_id: str) -> Schedule:
     async with store.connection() as connection:
         row = await connection.fetchrow(sql.SCHEDULE_GET, schedule_id)
     if row is None:
-        raise NotFound(f"schedule {schedule_id!r} does not exist")
+        raise not_found("schedule", schedule_id)
     return schedule_from_row(row)
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 from engine.errors import AlreadyExists, NotFound
 from engine.ledger.checks import check_session_hash, check_token_hash
 from engine.ledger.common import (
+    NO_TOKEN_WITH_HASH,
     no_session,
+    not_found,
     session_token_unusable,
     token_audit_details,
     token_hash_taken,
@@ -50,7 +52,7 @@ async def tokens_get_by_hash(store: Store, token_hash: bytes) -> ApiToken:
     async with store.connection() as connection:
         row = await connection.fetchrow(sql_api.TOKEN_BY_HASH, token_hash)
     if row is None:
-        raise NotFound("no token has this secret")
+        raise NotFound(NO_TOKEN_WITH_HASH)
     return token_from_row(row)
 
 
@@ -67,7 +69,7 @@ async def tokens_revoke(store: Store, params: TokensRevoke) -> ApiToken:
         if row is None:
             current = await connection.fetchrow(sql_api.TOKEN_GET, params.token_id)
             if current is None:
-                raise NotFound(f"token {params.token_id!r} does not exist")
+                raise not_found("token", params.token_id)
             return token_from_row(current)  # revoked already: unchanged, no second event
         revoked = token_from_row(row)
         await connection.execute(sql_api.SESSIONS_REVOKE_FOR_TOKEN, params.token_id)
