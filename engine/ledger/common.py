@@ -258,10 +258,10 @@ def version_conflict(
 ) -> VersionConflict:
     """The error for a versioned write whose ``expected`` version is not the stored one
     (``current``; ``None`` when the record does not exist)."""
-    state = "does not exist" if current is None else f"is at version {current}"
-    return VersionConflict(
-        f"{what} {key!r} {state}, not version {expected}; re-read it and apply the change again"
-    )
+    state = f"does not exist, not version {expected}"
+    if current is not None:
+        state = f"is at version {current}, not {expected}"
+    return VersionConflict(f"{what} {key!r} {state}; re-read it and apply the change again")
 
 
 def unknown_task_types(unknown: list[tuple[str, str]]) -> InvalidField:
