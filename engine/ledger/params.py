@@ -77,7 +77,6 @@ any other reason -- an overlap policy, a catch-up policy -- is never revived."""
 T = TypeVar("T")
 
 _PLANNABLE: Final = frozenset({ExecutionStatus.QUEUED, ExecutionStatus.SKIPPED})
-_OUTCOMES: Final = frozenset({"succeeded", "failed", "dead-letter", "skipped"})
 
 
 class Fence(msgspec.Struct, frozen=True):
@@ -529,6 +528,9 @@ class Outcome(enum.StrEnum):
     FAILED = "failed"
     DEAD_LETTER = "dead-letter"
     SKIPPED = "skipped"
+
+
+_OUTCOMES: Final = frozenset(str(outcome) for outcome in Outcome)
 
 
 class Completion(msgspec.Struct, frozen=True):
