@@ -33,8 +33,8 @@ import asyncpg
 import uvloop
 
 from engine.config import BURST_PLAN_RATE_PER_S_DEFAULT
-from engine.ledger.base import SchedulesCreate, TaskTypesPut, TenantsPut
 from engine.ledger.database import url_with_database
+from engine.ledger.params import SchedulesCreate, TaskTypesPut, TenantsPut
 from engine.ledger.postgres import PARTITIONS_DEFAULT, migrate_database, open_postgres_ledger
 from engine.model import HandlerKind, Schedule, TaskType, Tenant
 

@@ -60,7 +60,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._report import machine, revision, summary, write_section
 from engine.core.hashing import partition_of
-from engine.ledger.base import (
+from engine.ledger.bridge import open_bridge
+from engine.ledger.database import resolve_database, url_with_database
+from engine.ledger.params import (
     Completion,
     ExecutionsClaim,
     ExecutionsComplete,
@@ -75,8 +77,6 @@ from engine.ledger.base import (
     SchedulesCreate,
     TaskTypesPut,
 )
-from engine.ledger.bridge import open_bridge
-from engine.ledger.database import resolve_database, url_with_database
 from engine.ledger.postgres import migrate_database, open_postgres_ledger, sql, sql_executions
 from engine.ledger.postgres.rows import int_array, text_array, timestamptz_array
 from engine.model import HandlerKind, Schedule, TaskType, execution_id

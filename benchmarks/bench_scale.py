@@ -88,8 +88,8 @@ from benchmarks._scale import (
 from engine.clock import SystemClock
 from engine.config import LogLevel, NodeConfig
 from engine.core.timetable import TimetableCache
-from engine.ledger.base import SchedulesCreate, TaskTypesPut
 from engine.ledger.database import resolve_database, url_with_database
+from engine.ledger.params import SchedulesCreate, TaskTypesPut
 from engine.ledger.postgres import POOL_MAX_DEFAULT, migrate_database, open_postgres_ledger
 from engine.model import HandlerKind, TaskType
 from engine.node import Node, partition_gauges

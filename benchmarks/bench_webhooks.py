@@ -99,8 +99,8 @@ from engine.config import (
     LogLevel,
     NodeConfig,
 )
-from engine.ledger.base import SchedulesCreate, TaskTypesPut
 from engine.ledger.database import resolve_database
+from engine.ledger.params import SchedulesCreate, TaskTypesPut
 from engine.ledger.postgres import PARTITIONS_DEFAULT, migrate_database, open_postgres_ledger
 from engine.model import HandlerKind, Schedule, TaskType
 from engine.node import Node

@@ -14,8 +14,8 @@ from __future__ import annotations
 import enum
 import math
 import re
-from datetime import datetime
-from typing import Any, Final, TypeVar
+from datetime import UTC, datetime
+from typing import Any, Final, Protocol, TypeVar
 
 import msgspec
 
@@ -252,6 +252,54 @@ class Execution(msgspec.Struct, frozen=True, kw_only=True):
     partition, 0 included, is a real one)."""
     attempt_expires_at: datetime | None = None
     """While running: when the attempt lease expires and the execution may be re-queued."""
+
+
+# --- startability: the one definition -------------------------------------------------------
+
+STARTABLE_AT_ONCE: Final = datetime.min.replace(tzinfo=UTC)
+"""The instant a ``failed`` execution without a retry time may start from: the beginning of
+time, so at once (``'-infinity'`` in the SQL column that mirrors :func:`startable_at`)."""
+
+
+class Startable(Protocol):
+    """What decides whether an execution may start (an :class:`Execution` is one)."""
+
+    @property
+    def status(self) -> ExecutionStatus: ...
+
+    @property
+    def planned_at(self) -> datetime: ...
+
+    @property
+    def not_before(self) -> datetime | None: ...
+
+
+def startable_at(execution: Startable) -> datetime | None:
+    """The instant from which ``execution`` may start, or ``None`` if it may not start at all.
+
+    The one definition of "may this execution start?": ``queued`` at its planned instant;
+    ``failed`` at its retry instant ``not_before`` (without one, at once:
+    :data:`STARTABLE_AT_ONCE`); every other status never (running, or terminal). The ledger's
+    ``executions_due`` and ``executions_claim`` return and start exactly the executions whose
+    instant is at or before theirs, ordered by it; the dispatcher queues each until it.
+    PostgreSQL mirrors it in the generated column ``executions.startable_at``
+    (``engine/ledger/postgres/migrations/0001_initial.sql``), read under ``status IN
+    ('queued', 'failed')``; ``tests/ledger/test_startability.py`` pins the two against each
+    other on a grid of rows.
+    """
+    status = execution.status
+    if status is ExecutionStatus.QUEUED:
+        return execution.planned_at
+    if status is ExecutionStatus.FAILED:
+        not_before = execution.not_before
+        return STARTABLE_AT_ONCE if not_before is None else not_before
+    return None
+
+
+def is_startable(execution: Startable, by: datetime) -> bool:
+    """Whether ``execution`` may start at or before ``by`` (:func:`startable_at`)."""
+    at = startable_at(execution)
+    return at is not None and at <= by
 
 
 class AuditAction(enum.StrEnum):

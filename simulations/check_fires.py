@@ -20,7 +20,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from engine.ledger.base import SCHEDULE_DELETED, SCHEDULE_PAUSED
+from engine.ledger.params import SCHEDULE_DELETED, SCHEDULE_PAUSED
 from engine.model import Execution, ExecutionStatus, execution_id
 from simulations.bound import DelayBound
 from simulations.effects import Delivery, Sinks

@@ -27,8 +27,8 @@ from typing import Final
 import trio
 
 from engine.api import schedule_input
-from engine.ledger.base import SchedulesCreate, SchedulesDelete, SchedulesUpdate, TaskTypesPut
 from engine.ledger.memory import MemoryLedger
+from engine.ledger.params import SchedulesCreate, SchedulesDelete, SchedulesUpdate, TaskTypesPut
 from engine.model import HandlerKind, Schedule, TaskType
 from simulations.clocks import DatabaseClock
 from simulations.params import TaskSettings

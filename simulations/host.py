@@ -22,7 +22,8 @@ import trio
 
 from engine.actors.partitions import OwnedPartition, PartitionTable
 from engine.errors import ConfigError
-from engine.ledger.base import Fence, Ledger
+from engine.ledger.base import Ledger
+from engine.ledger.params import Fence
 from engine.node import Node
 from simulations.clocks import HostClock
 from simulations.leases import PRIMARY, LeaseMonitor

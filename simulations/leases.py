@@ -32,7 +32,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from engine.ledger.base import Fence
+from engine.ledger.params import Fence
 from engine.model import Execution, Lease
 
 PRIMARY = "a"

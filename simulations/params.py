@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from engine.config import SHUTDOWN_TIMEOUT_S_DEFAULT, NodeConfig
-from engine.ledger.base import REGION_DEFAULT
+from engine.ledger.params import REGION_DEFAULT
 from simulations import oracle
 from simulations.scenario import Fault, HandlerFaults, HandlerLatency, SlowHandler, describe
 from simulations.workload import DST_ZONES, HOOK_TYPE, TASK_TYPE, SimSchedule, draw_workload

@@ -38,7 +38,7 @@ from typing import Any, Final, Protocol
 import trio
 
 from engine.errors import LeaseLost, LedgerUnavailable
-from engine.ledger.base import Fence
+from engine.ledger.params import Fence
 from engine.model import Execution, Lease
 from simulations.clocks import DatabaseClock
 from simulations.leases import LeaseMonitor

@@ -29,8 +29,8 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from engine.ledger._memory_tables import ChangeFeed
 from engine.ledger.memory import MemoryLedger
+from engine.ledger.memory.tables import ChangeFeed
 
 
 @dataclass

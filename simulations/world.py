@@ -20,9 +20,10 @@ from typing import cast
 
 import trio
 
-from engine.ledger.base import REGION_DEFAULT, ExecutionsQuery, Fence, Ledger
-from engine.ledger.base import RegionFailover as FailoverParams
+from engine.ledger.base import Ledger
 from engine.ledger.memory import MemoryLedger
+from engine.ledger.params import REGION_DEFAULT, ExecutionsQuery, Fence
+from engine.ledger.params import RegionFailover as FailoverParams
 from engine.model import Execution
 from engine.node import Node
 from simulations.bound import failover_startup_s

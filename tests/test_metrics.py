@@ -16,8 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine.actors.planner import PlannerStatistics
 from engine.config import NodeConfig
 from engine.errors import ConfigError
-from engine.ledger.base import TaskTypesPut
 from engine.ledger.memory import MemoryLedger
+from engine.ledger.params import TaskTypesPut
 from engine.metrics import (
     LEASE_LOST_EXPIRED,
     LEASE_LOST_REFUSED,

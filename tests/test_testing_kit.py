@@ -17,13 +17,7 @@ import trio.testing
 
 import engine.testing
 from engine.errors import LeaseLost, LedgerUnavailable, NotFound
-from engine.ledger.base import (
-    ExecutionsPlan,
-    Fence,
-    LeasesAcquire,
-    LeasesRenew,
-    SchedulesCreate,
-)
+from engine.ledger.params import ExecutionsPlan, Fence, LeasesAcquire, LeasesRenew, SchedulesCreate
 from engine.model import Schedule
 from engine.testing import (
     LEDGER_METHODS,

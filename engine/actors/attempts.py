@@ -33,7 +33,7 @@ from typing import Final
 import trio
 
 from engine.core.admission import AttemptTicket, HandoffSizer, claim_size, claim_threshold
-from engine.ledger.base import Completion
+from engine.ledger.params import Completion
 from engine.model import Execution
 
 OPEN: Final = "open"

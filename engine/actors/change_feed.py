@@ -27,7 +27,7 @@ import trio
 from engine.actors.context import NodeContext
 from engine.actors.retry import retry_unavailable
 from engine.errors import ChangesPruned, LedgerUnavailable
-from engine.ledger.base import PAGE_SIZE_MAX, ScheduleChangesSince
+from engine.ledger.params import PAGE_SIZE_MAX, ScheduleChangesSince
 
 log = logging.getLogger("carillon.changes")
 

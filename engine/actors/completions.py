@@ -22,7 +22,7 @@ import trio
 from engine.actors.attempts import Attempt
 from engine.actors.context import NodeContext
 from engine.actors.retry import call_fenced
-from engine.ledger.base import CompleteResult, Completion, ExecutionsComplete, Fence
+from engine.ledger.params import CompleteResult, Completion, ExecutionsComplete, Fence
 
 log = logging.getLogger("carillon.completions")
 

@@ -72,7 +72,7 @@ from engine.core.fair_queue import FairQueue, PushOutcome
 from engine.core.queue_shares import Position, QueueShares
 from engine.core.token_bucket import TokenBucket
 from engine.errors import CarillonError
-from engine.ledger.base import (
+from engine.ledger.params import (
     PAGE_SIZE_MAX,
     DueCursor,
     ExecutionsClaim,

@@ -47,13 +47,7 @@ from engine.actors.context import NodeContext
 from engine.actors.membership import Membership, wake_after_expiry
 from engine.core.ownership import plan_ownership
 from engine.errors import LedgerUnavailable
-from engine.ledger.base import (
-    REGION_DEFAULT,
-    Fence,
-    LeasesAcquire,
-    LeasesRelease,
-    LeasesRenew,
-)
+from engine.ledger.params import REGION_DEFAULT, Fence, LeasesAcquire, LeasesRelease, LeasesRenew
 from engine.metrics import LEASE_LOST_EXPIRED, LEASE_LOST_REFUSED
 
 log = logging.getLogger("carillon.leases")

@@ -25,7 +25,7 @@ import trio
 from engine.actors.context import NodeContext
 from engine.actors.retry import retry_unavailable
 from engine.errors import LedgerUnavailable
-from engine.ledger.base import ClusterSettings, NodesHeartbeat
+from engine.ledger.params import ClusterSettings, NodesHeartbeat
 
 log = logging.getLogger("carillon.membership")
 

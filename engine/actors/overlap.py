@@ -29,7 +29,7 @@ from engine.actors.retry import call_fenced
 from engine.actors.schedule_cache import UNCACHED, ScheduleCache
 from engine.core.fair_queue import FairQueue
 from engine.errors import CarillonError
-from engine.ledger.base import ExecutionsQuery, ExecutionsSkip, Fence
+from engine.ledger.params import ExecutionsQuery, ExecutionsSkip, Fence
 from engine.model import Execution, ExecutionStatus, OverlapPolicy, TaskType, overlap_policy
 
 log = logging.getLogger("carillon.dispatcher")

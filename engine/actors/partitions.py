@@ -1,6 +1,6 @@
 """The partitions this node owns: written by the lease keeper, read by planners.
 
-Each owned partition carries its :class:`~engine.ledger.base.Fence` and the monotonic instant
+Each owned partition carries its :class:`~engine.ledger.params.Fence` and the monotonic instant
 until which this node may *trust* the lease: the start of the acquire/renew attempt plus the
 TTL minus a safety margin. Expiry itself is judged by the database's clock, but a node can
 only know its own clock, so it stops acting strictly before the database could have handed
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from engine.ledger.base import Fence
+from engine.ledger.params import Fence
 
 
 @dataclass

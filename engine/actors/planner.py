@@ -36,7 +36,7 @@ from engine.core.catchup import catch_up
 from engine.core.plan_heap import PlanHeap
 from engine.core.timetable import Timetable, TimetableCache
 from engine.errors import LeaseLost, NotFound, ValidationError
-from engine.ledger.base import (
+from engine.ledger.params import (
     ExecutionsPlan,
     Fence,
     PlannableSchedule,

@@ -17,7 +17,7 @@ import trio
 from engine.actors.context import NodeContext
 from engine.actors.retry import repeat_every
 from engine.errors import LeaseLost
-from engine.ledger.base import ExecutionsRequeueExpired
+from engine.ledger.params import ExecutionsRequeueExpired
 
 log = logging.getLogger("carillon.redeliverer")
 

@@ -30,7 +30,7 @@ from engine.actors.context import NodeContext
 from engine.actors.retry import repeat_every
 from engine.config import CHANGE_RETENTION_DAYS_DEFAULT, DAY_S, RETENTION_DAYS_DEFAULT
 from engine.errors import LeaseLost
-from engine.ledger.base import ExecutionsPurge, ScheduleChangesPrune
+from engine.ledger.params import ExecutionsPurge, ScheduleChangesPrune
 
 log = logging.getLogger("carillon.retention")
 

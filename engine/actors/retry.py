@@ -12,7 +12,7 @@ import trio
 
 from engine.core.backoff import Backoff
 from engine.errors import LeaseLost, LedgerUnavailable
-from engine.ledger.base import Fence
+from engine.ledger.params import Fence
 
 T = TypeVar("T")
 ItemT = TypeVar("ItemT")

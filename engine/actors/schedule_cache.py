@@ -18,7 +18,8 @@ import trio
 
 from engine.clock import Clock
 from engine.errors import CarillonError, NotFound
-from engine.ledger.base import PAGE_SIZE_MAX, Ledger
+from engine.ledger.base import Ledger
+from engine.ledger.params import PAGE_SIZE_MAX
 from engine.model import Schedule
 
 SCHEDULE_CACHE_MAX: Final = 100_000

@@ -66,7 +66,7 @@ from engine.core.retry_policy import Decision, RetryPolicy, decide
 from engine.errors import CarillonError
 from engine.handlers import ExecutionContext, HandlerResult, OutcomeKind
 from engine.handlers.base import ERROR_MESSAGE_CHARS_MAX, is_cancellation
-from engine.ledger.base import (
+from engine.ledger.params import (
     BATCH_ROWS_MAX,
     SCHEDULE_DELETED,
     SCHEDULE_DELETED_MESSAGE,

@@ -31,7 +31,8 @@ from engine.api.schedule_input import NUL_ESCAPE
 from engine.api.schemas import INSTANT_MAX, INSTANT_MIN
 from engine.core.instants import parse_instant
 from engine.errors import CarillonError, ValidationError
-from engine.ledger.base import PAGE_SIZE_MAX, Ledger
+from engine.ledger.base import Ledger
+from engine.ledger.params import PAGE_SIZE_MAX
 
 log = logging.getLogger("carillon.api")
 

@@ -33,7 +33,7 @@ from engine.core.instants import format_utc
 from engine.core.load_forecast import Group, LoadForecast, forecast
 from engine.errors import NotFound
 from engine.handlers.registry import check_settings
-from engine.ledger.base import (
+from engine.ledger.params import (
     RegionFailover,
     ScheduleGroup,
     SchedulesCensus,

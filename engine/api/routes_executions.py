@@ -23,7 +23,7 @@ from engine.api.schemas import (
     ReplayFilter,
     ReplayResult,
 )
-from engine.ledger.base import (
+from engine.ledger.params import (
     PAGE_SIZE_MAX,
     DeadLettersPurge,
     DeadLettersReplay,

@@ -29,7 +29,6 @@ from engine.api.schemas import ScheduleSpec, TaskTypeSpec, TenantSpec
 from engine.core import redaction
 from engine.errors import CarillonError, InvalidField
 from engine.handlers.registry import check_settings
-from engine.ledger.base import BATCH_ROWS_MAX
 from engine.ledger.manifests import (
     ManifestAction,
     ManifestChange,
@@ -39,6 +38,7 @@ from engine.ledger.manifests import (
     ManifestsApply,
     ManifestState,
 )
+from engine.ledger.params import BATCH_ROWS_MAX
 from engine.model import (
     DEFAULT_TENANT,
     IDENTIFIER_PATTERN,

@@ -45,7 +45,7 @@ from engine.api.schemas import (
 from engine.core.instants import format_local
 from engine.core.timetable import FIRES_PER_CALL_MAX, Fire, Timetable
 from engine.errors import CarillonError, InvalidField, NotFound, VersionConflict
-from engine.ledger.base import (
+from engine.ledger.params import (
     BATCH_ROWS_MAX,
     Backfilled,
     ExecutionsBackfill,

@@ -17,7 +17,7 @@ from msgspec import UNSET, Meta, UnsetType
 
 from engine.core.cron import MAX_EXPRESSION_LENGTH
 from engine.core.dst import DstGap, DstOverlap
-from engine.ledger.base import BATCH_ROWS_MAX
+from engine.ledger.params import BATCH_ROWS_MAX
 from engine.model import (
     BACKOFF_BASE_S_DEFAULT,
     BACKOFF_MAX_S_DEFAULT,

@@ -51,7 +51,8 @@ from engine.cli.flags import add_paging, next_page_note, usage
 from engine.cli.output import cell, note, one_line, plural, print_table
 from engine.core.instants import format_utc
 from engine.errors import InvalidField
-from engine.ledger.base import PAGE_SIZE_MAX, AuditQuery, Ledger
+from engine.ledger.base import Ledger
+from engine.ledger.params import PAGE_SIZE_MAX, AuditQuery
 from engine.model import AuditAction, AuditEvent, validate_reason
 
 REPLAY_ROUND_MAX: Final = 1000

@@ -15,7 +15,7 @@ from typing import Any, Final
 from engine.cli.output import note
 from engine.core.instants import format_utc, parse_instant
 from engine.errors import InvalidField
-from engine.ledger.base import PAGE_SIZE_MAX
+from engine.ledger.params import PAGE_SIZE_MAX
 
 LIMIT_DEFAULT: Final = 100
 

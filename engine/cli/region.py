@@ -29,8 +29,9 @@ from engine.cli.database import add_database_argument, cli_actor, run_with_ledge
 from engine.cli.flags import usage
 from engine.cli.output import cell, print_table
 from engine.errors import CarillonError, LedgerUnavailable
-from engine.ledger.base import ClusterSettings, Ledger, RegionChange, RegionFailover
+from engine.ledger.base import Ledger
 from engine.ledger.database import validate_database_url
+from engine.ledger.params import ClusterSettings, RegionChange, RegionFailover
 from engine.ledger.postgres import open_postgres_ledger
 from engine.model import validate_reason
 

@@ -321,7 +321,7 @@ async def seed_demo(ledger: Ledger) -> None:
     """Store the demo task type and schedule unless they exist (idempotent)."""
     from engine.core.timetable import Timetable
     from engine.errors import AlreadyExists, NotFound, VersionConflict
-    from engine.ledger.base import SchedulesCreate, TaskTypesPut
+    from engine.ledger.params import SchedulesCreate, TaskTypesPut
     from engine.model import HandlerKind, Schedule, TaskType
 
     try:

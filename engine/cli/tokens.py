@@ -39,7 +39,8 @@ from engine.cli.database import add_database_argument, cli_actor, run_with_ledge
 from engine.cli.flags import usage
 from engine.cli.output import NONE, cell, one_line, print_table
 from engine.core.instants import format_utc
-from engine.ledger.base import Ledger, TokensCreate, TokensRevoke
+from engine.ledger.base import Ledger
+from engine.ledger.params import TokensCreate, TokensRevoke
 from engine.model import ApiToken, validate_identifier
 
 TOKEN_FILE_MODE: Final = 0o600

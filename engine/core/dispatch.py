@@ -19,14 +19,17 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Final, Protocol, TypeVar
 
+from engine.model import ExecutionStatus
+
 K = TypeVar("K")
 
 
 class Dispatchable(Protocol):
     """An execution waiting to start, as the dispatch core sees it (``Execution`` is one).
 
-    It becomes due at ``not_before`` when set (a retry), else at ``planned_at``; the execution
-    id is unique and breaks ties between items due at the same instant.
+    It becomes due at :func:`~engine.model.startable_at` -- its planned instant while
+    ``queued``, its retry instant ``not_before`` while ``failed`` -- the ledger's own rule; the
+    execution id is unique and breaks ties between items due at the same instant.
     """
 
     @property
@@ -39,18 +42,13 @@ class Dispatchable(Protocol):
     def task_type(self) -> str: ...
 
     @property
+    def status(self) -> ExecutionStatus: ...
+
+    @property
     def planned_at(self) -> datetime: ...
 
     @property
     def not_before(self) -> datetime | None: ...
-
-
-def due_at(item: Dispatchable) -> datetime:
-    """The instant before which ``item`` must not start."""
-    not_before = item.not_before
-    return (
-        not_before if not_before is not None and not_before > item.planned_at else item.planned_at
-    )
 
 
 class CapExceeded(RuntimeError):

@@ -8,14 +8,15 @@ passes ``now`` (a UTC datetime, like the instants it compares with).
 
 Design
 ------
-*Lanes.* Each tenant has one lane per task type: its due items ordered by
-``(due_at, execution_id)`` -- planned time, or ``not_before`` for a retry. A tenant's next item
-is the earliest head among the lanes whose task type has room, so a capped task type does not
-hold up the tenant's other task types. A lane (:class:`_Lane`) keeps its distinct instants in
-a heap and the ids of each instant in a sorted deque: a burst puts thousands of items on one
-instant, arriving in id order (the ledger returns them so), and then a push is an append and a
-pop a ``popleft`` -- a heap of ``(due_at, execution_id, item)`` tuples compared the tied
-instants before the ids at every step and was most of the cost of a pop.
+*Lanes.* Each tenant has one lane per task type: its due items ordered by ``(due_at,
+execution_id)``, ``due_at`` being :func:`~engine.model.startable_at` (planned time, or
+``not_before`` for a retry). A tenant's next item is the earliest head among the lanes whose
+task type has room, so a capped task type does not hold up the tenant's other task types. A lane
+(:class:`_Lane`) keeps its distinct instants in a heap and the ids of each instant in a sorted
+deque: a burst puts thousands of items on one instant, arriving in id order (the ledger returns
+them so), and then a push is an append and a pop a ``popleft`` -- a heap of ``(due_at,
+execution_id, item)`` tuples compared the tied instants before the ids at every step and was
+most of the cost of a pop.
 
 *Time.* Items not yet due wait in one pending lane, invisible to fairness; ``pop(now)`` first
 releases those due at or before ``now`` into their lanes. The queue keeps the latest ``now``
@@ -68,8 +69,9 @@ from typing import Final, Generic, TypeVar
 
 import msgspec
 
-from engine.core.dispatch import ConcurrencyLimits, Dispatchable, due_at
+from engine.core.dispatch import ConcurrencyLimits, Dispatchable
 from engine.core.token_bucket import TokenBucket
+from engine.model import startable_at
 
 WEIGHT_DEFAULT: Final = 1
 WEIGHT_MAX: Final = 1000
@@ -329,6 +331,11 @@ class FairQueue(Generic[T]):
     def push(self, item: T) -> PushOutcome:
         """Queue ``item`` until it is due and its turn comes."""
         execution_id = item.execution_id
+        instant = startable_at(item)
+        if instant is None:
+            raise ValueError(
+                f"execution {execution_id} is {item.status}: only a queued or failed one can start"
+            )
         items = self._items
         if execution_id in items:
             self._duplicates_total += 1
@@ -341,7 +348,6 @@ class FairQueue(Generic[T]):
         if tenant is None:
             tenant = self._tenants[item.tenant_id] = _Tenant()
         tenant.queued += 1
-        instant = due_at(item)
         if self._now is not None and instant <= self._now:
             self._release(item.tenant_id, tenant, instant, item)
         else:

@@ -3,7 +3,15 @@
 The docstrings of :class:`Ledger` are the contract. Two implementations honour it and pass
 the same contract suite (``tests/ledger/test_contract.py``): :class:`~engine.ledger.memory.
 MemoryLedger` (deterministic, for unit tests and simulations) and :class:`~engine.ledger.
-postgres.PostgresLedger` (the product). A semantic change lands in the contract suite first.
+postgres.PostgresLedger` (the product), laid out alike: one module per protocol area (the
+sections below), under the same name in ``engine/ledger/memory/`` and
+``engine/ledger/postgres/``. A semantic change lands in the contract suite first.
+
+This module is the protocol only. The records and parameter objects it names are in
+:mod:`engine.ledger.params` (each checks itself, for both backends: ``checked()``), the
+checks' rules in :mod:`engine.ledger.checks`, what both backends build alike (cursors, audit
+details, shared errors) in :mod:`engine.ledger.common`, and when an execution may start in
+:func:`engine.model.startable_at`.
 
 Design
 ------
@@ -31,43 +39,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Protocol
 
-from engine.ledger.common import (
-    IN_USE_SHOWN_MAX,
-    TRIGGER_ID_TRIES_MAX,
-    decode_cursor,
-    encode_cursor,
-    replay_audit_details,
-    task_type_in_use,
-    unknown_task_types,
-)
 from engine.ledger.manifests import ManifestDone, ManifestsApply
 from engine.ledger.params import (
-    BATCH_ROWS_MAX,
-    CENSUS_GROUPS_MAX,
-    LIFECYCLE_SKIPS,
-    PAGE_SIZE_MAX,
-    PLAN_PAGE_MAX,
-    REGION_DEFAULT,
-    SCHEDULE_DELETED,
-    SCHEDULE_DELETED_MESSAGE,
-    SCHEDULE_PAUSED,
-    SCHEDULE_PAUSED_MESSAGE,
-    SESSION_LIFETIME_S_MAX,
-    SESSIONS_PURGED_MAX,
-    STATS_BUCKET_S_MAX,
-    STATS_BUCKETS_MAX,
-    TOKEN_HASH_BYTES,
-    Attempt,
-    AttemptRef,
     AuditQuery,
     Backfilled,
-    ChangeKind,
     ClusterSettings,
     CompleteResult,
-    Completion,
     DeadLettersPurge,
     DeadLettersReplay,
-    DueCursor,
     ExecutionDetail,
     ExecutionsBackfill,
     ExecutionsBucket,
@@ -82,20 +61,16 @@ from engine.ledger.params import (
     ExecutionsSkip,
     ExecutionsStats,
     ExecutionsTrigger,
-    Fence,
     LeasesAcquire,
     LeasesRelease,
     LeasesRenew,
     NodeInfo,
     NodesHeartbeat,
-    Outcome,
     Page,
     PlannableSchedule,
-    PlannedExecution,
     PlanResult,
     RegionChange,
     RegionFailover,
-    ScheduleAdvance,
     ScheduleChange,
     ScheduleChangesPrune,
     ScheduleChangesSince,
@@ -111,9 +86,6 @@ from engine.ledger.params import (
     TenantsPut,
     TokensCreate,
     TokensRevoke,
-    due_cursor,
-    token_floor,
-    validate_region,
 )
 from engine.model import (
     ApiToken,
@@ -127,90 +99,7 @@ from engine.model import (
     Tenant,
 )
 
-__all__ = [
-    "BATCH_ROWS_MAX",
-    "CENSUS_GROUPS_MAX",
-    "IN_USE_SHOWN_MAX",
-    "LIFECYCLE_SKIPS",
-    "PAGE_SIZE_MAX",
-    "PLAN_PAGE_MAX",
-    "REGION_DEFAULT",
-    "SCHEDULE_DELETED",
-    "SCHEDULE_DELETED_MESSAGE",
-    "SCHEDULE_PAUSED",
-    "SCHEDULE_PAUSED_MESSAGE",
-    "SESSIONS_PURGED_MAX",
-    "SESSION_LIFETIME_S_MAX",
-    "STATS_BUCKETS_MAX",
-    "STATS_BUCKET_S_MAX",
-    "TOKEN_HASH_BYTES",
-    "TRIGGER_ID_TRIES_MAX",
-    "Attempt",
-    "AttemptRef",
-    "AuditQuery",
-    "Backfilled",
-    "ChangeKind",
-    "ClusterSettings",
-    "CompleteResult",
-    "Completion",
-    "DeadLettersPurge",
-    "DeadLettersReplay",
-    "DueCursor",
-    "ExecutionDetail",
-    "ExecutionsBackfill",
-    "ExecutionsBucket",
-    "ExecutionsClaim",
-    "ExecutionsComplete",
-    "ExecutionsDue",
-    "ExecutionsExtend",
-    "ExecutionsPlan",
-    "ExecutionsPurge",
-    "ExecutionsQuery",
-    "ExecutionsRequeueExpired",
-    "ExecutionsSkip",
-    "ExecutionsStats",
-    "ExecutionsTrigger",
-    "Fence",
-    "LeasesAcquire",
-    "LeasesRelease",
-    "LeasesRenew",
-    "Ledger",
-    "ManifestDone",
-    "ManifestsApply",
-    "NodeInfo",
-    "NodesHeartbeat",
-    "Outcome",
-    "Page",
-    "PlanResult",
-    "PlannableSchedule",
-    "PlannedExecution",
-    "RegionChange",
-    "RegionFailover",
-    "ScheduleAdvance",
-    "ScheduleChange",
-    "ScheduleChangesPrune",
-    "ScheduleChangesSince",
-    "ScheduleGroup",
-    "SchedulesCensus",
-    "SchedulesCreate",
-    "SchedulesDelete",
-    "SchedulesList",
-    "SchedulesPlannable",
-    "SchedulesUpdate",
-    "SessionsCreate",
-    "TaskTypesPut",
-    "TenantsPut",
-    "TokensCreate",
-    "TokensRevoke",
-    "decode_cursor",
-    "due_cursor",
-    "encode_cursor",
-    "replay_audit_details",
-    "task_type_in_use",
-    "token_floor",
-    "unknown_task_types",
-    "validate_region",
-]
+__all__ = ["Ledger"]
 
 
 # --- the protocol -----------------------------------------------------------------------
@@ -219,7 +108,7 @@ __all__ = [
 class Ledger(Protocol):
     """Durable schedules, leases and executions. Every method is one transaction."""
 
-    # cluster ------------------------------------------------------------------------------
+    # cluster (cluster.py): the clock, settings, leases and membership -------------------------
 
     async def database_now(self) -> datetime:
         """The ledger's clock (aware UTC): the only clock expiries are judged by."""
@@ -241,7 +130,46 @@ class Ledger(Protocol):
         """
         ...
 
-    # schedules ----------------------------------------------------------------------------
+    async def leases_acquire(self, params: LeasesAcquire) -> list[Lease]:
+        """Take the listed partitions that are free or expired, if ``region`` is the
+        cluster's active region (otherwise nothing: a standby region acquires nothing).
+
+        Each acquisition draws a fencing token above the partition's last one and at least
+        :func:`token_floor` of the region epoch (tokens are never reused, and a later epoch's
+        are above an earlier one's) and sets ``expires_at`` = now + ``ttl_s``. Partitions
+        held by a live owner -- including the caller -- are left alone and not returned.
+        """
+        ...
+
+    async def leases_renew(self, params: LeasesRenew) -> list[Lease]:
+        """Extend the leases whose fence still holds (owner, token, not expired) to
+        now + ``ttl_s``; returns those. A fence missing from the result is lost."""
+        ...
+
+    async def leases_release(self, params: LeasesRelease) -> int:
+        """Give up the leases whose fence still holds (owner cleared, token kept); returns
+        how many were released. Others take them over at once, without waiting for expiry."""
+        ...
+
+    async def leases_list(self) -> list[Lease]:
+        """Every partition's lease row, by partition id."""
+        ...
+
+    async def nodes_heartbeat(self, params: NodesHeartbeat) -> NodeInfo:
+        """Record that a node is alive until now + ``ttl_s``, with the clock offset it
+        reports (``None`` replaces an earlier one: not measured this time). ``InvalidField``
+        for an offset that is not a finite number."""
+        ...
+
+    async def nodes_live(self) -> list[NodeInfo]:
+        """Nodes whose heartbeat has not expired, by node id, with their clock offsets."""
+        ...
+
+    async def nodes_leave(self, node_id: str) -> None:
+        """Remove a node's membership row (graceful shutdown)."""
+        ...
+
+    # schedules (schedules.py): schedules, quotas, census, the change feed ---------------------
 
     async def schedules_create(self, params: SchedulesCreate) -> list[Schedule]:
         """Insert schedules, all or none.
@@ -392,7 +320,8 @@ class Ledger(Protocol):
         """
         ...
 
-    # task types and tenants ------------------------------------------------------------------
+    # catalog (catalog.py): task types and tenants ---------------------------------------------
+    #
     #
     # Configuration every node reads: task types say how executions run and within which
     # limits; tenant rows say how the dispatcher shares out work. Both are few (operator-
@@ -450,141 +379,7 @@ class Ledger(Protocol):
         """Every stored tenant, by id; tenants absent from it have the defaults."""
         ...
 
-    async def manifests_apply(self, params: ManifestsApply) -> list[ManifestDone]:
-        """Apply a manifest set (:mod:`engine.ledger.manifests`) in one transaction.
-
-        Serialized per set name (Postgres: a transaction advisory lock keyed by it; memory:
-        one synchronous stretch): under it the ledger reads the state -- the live schedules
-        among ``schedule_ids`` and those labelled with the set (locked for update), every
-        task type and tenant, the labels of the listed objects and of the set's own --,
-        calls ``plan`` once with it, and makes the changes it returns in their order, each
-        with the rules of its single-object method (:meth:`schedules_create`, ``_update``,
-        ``_delete``, :meth:`task_types_put`, ``_delete``, :meth:`tenants_put`) and refused
-        with ``VersionConflict`` if the object is no longer at ``expected_version``. Each
-        change writes (or, deleted or released, removes) the object's label and appends
-        an audit event ``manifest.apply`` (target its name; details ``manifest_set``,
-        ``kind``, ``change``, ``fields``, ``version``, ``source``), in the same transaction.
-        Any refusal -- the planner's own exceptions included, which propagate unchanged --
-        changes nothing. ``dry_run`` returns the plan and writes nothing (no label, no
-        audit); so does a plan without changes. ``InvalidField`` for a malformed set name
-        or actor, or more than :data:`~engine.ledger.manifests.MANIFEST_CHANGES_MAX` changes.
-        """
-        ...
-
-    # API tokens ----------------------------------------------------------------------------
-    #
-    # The HTTP API's bearer tokens. The ledger never sees a secret: the caller stores the
-    # SHA-256 of it (check_token_hash) and looks a presented one up by its hash.
-
-    async def tokens_create(self, params: TokensCreate) -> ApiToken:
-        """Store a token (``created_at`` = ledger now, not revoked); returns it as stored.
-
-        ``InvalidField`` for a malformed token (:func:`~engine.model.validate_api_token`:
-        id, scope ``admin`` or ``tenant:<id>``, description), a hash that is not
-        :data:`TOKEN_HASH_BYTES` bytes, or a malformed ``actor``; ``AlreadyExists`` if the
-        token id, or a token with the same hash, exists (revoked ones too: ids are never
-        reused). Audited: action ``token.create``, target the token id, details ``scope``
-        and ``description``.
-        """
-        ...
-
-    async def tokens_get_by_hash(self, token_hash: bytes) -> ApiToken:
-        """The token whose secret hashes to ``token_hash``; ``NotFound`` if none does,
-        ``InvalidField`` for a hash that is not :data:`TOKEN_HASH_BYTES` bytes. A revoked
-        token *is* returned, with ``revoked_at`` set: the caller refuses it (and can say
-        why). One indexed read: the API calls it for every request it has not cached."""
-        ...
-
-    async def tokens_list(self) -> list[ApiToken]:
-        """Every token, revoked ones included, by token id."""
-        ...
-
-    async def tokens_revoke(self, params: TokensRevoke) -> ApiToken:
-        """Revoke a token: ``revoked_at`` = ledger now; returns it as stored.
-
-        Revoking a revoked token returns it unchanged and appends no second event.
-        ``NotFound`` if absent; ``InvalidField`` for a malformed ``actor``. Audited: action
-        ``token.revoke``, target the token id, details ``scope``. Every console session
-        opened with the token is revoked in the same transaction (:meth:`sessions_touch`
-        then refuses them), and no new one can be opened with it.
-        """
-        ...
-
-    # console sessions ------------------------------------------------------------------------
-    #
-    # The operator console's sign-ins. Like a token's secret, a session id never reaches the
-    # ledger: the caller stores its SHA-256 and presents that. Validity is judged by the
-    # ledger's clock, so every node agrees on it.
-
-    async def sessions_create(self, params: SessionsCreate) -> ConsoleSession:
-        """Open a session for a valid token (``created_at`` = ``last_seen_at`` = ledger now,
-        ``expires_at`` = now + ``lifetime_s``); returns it as stored.
-
-        ``InvalidField`` for a hash that is not :data:`TOKEN_HASH_BYTES` bytes, or durations
-        that are not ``0 < idle_timeout_s <= lifetime_s <=`` :data:`SESSION_LIFETIME_S_MAX`;
-        ``NotFound`` if the token does not exist or is revoked; ``AlreadyExists`` if a session
-        with this hash is stored. Also deletes up to :data:`SESSIONS_PURGED_MAX` sessions
-        past ``expires_at`` (revoked or not), so the table holds no session for longer than
-        its lifetime. Not audited (the node logs sign-ins).
-        """
-        ...
-
-    async def sessions_touch(self, session_hash: bytes) -> ConsoleSession:
-        """The session with this hash, if it is valid now, with ``last_seen_at`` set to the
-        ledger's now. Valid: not revoked, its token not revoked, now before ``expires_at``
-        and before ``last_seen_at + idle_timeout_s``. ``NotFound`` otherwise (unknown,
-        revoked, expired, idle too long: the caller only needs to know it is no session);
-        ``InvalidField`` for a malformed hash. One indexed read and write."""
-        ...
-
-    async def sessions_revoke(self, session_hash: bytes) -> None:
-        """End the session with this hash (``revoked_at`` = ledger now) if it is not ended;
-        nothing for an unknown, expired or revoked one (signing out twice is no error).
-        ``InvalidField`` for a malformed hash."""
-        ...
-
-    # leases and membership -------------------------------------------------------------------
-
-    async def leases_acquire(self, params: LeasesAcquire) -> list[Lease]:
-        """Take the listed partitions that are free or expired, if ``region`` is the
-        cluster's active region (otherwise nothing: a standby region acquires nothing).
-
-        Each acquisition draws a fencing token above the partition's last one and at least
-        :func:`token_floor` of the region epoch (tokens are never reused, and a later epoch's
-        are above an earlier one's) and sets ``expires_at`` = now + ``ttl_s``. Partitions
-        held by a live owner -- including the caller -- are left alone and not returned.
-        """
-        ...
-
-    async def leases_renew(self, params: LeasesRenew) -> list[Lease]:
-        """Extend the leases whose fence still holds (owner, token, not expired) to
-        now + ``ttl_s``; returns those. A fence missing from the result is lost."""
-        ...
-
-    async def leases_release(self, params: LeasesRelease) -> int:
-        """Give up the leases whose fence still holds (owner cleared, token kept); returns
-        how many were released. Others take them over at once, without waiting for expiry."""
-        ...
-
-    async def leases_list(self) -> list[Lease]:
-        """Every partition's lease row, by partition id."""
-        ...
-
-    async def nodes_heartbeat(self, params: NodesHeartbeat) -> NodeInfo:
-        """Record that a node is alive until now + ``ttl_s``, with the clock offset it
-        reports (``None`` replaces an earlier one: not measured this time). ``InvalidField``
-        for an offset that is not a finite number."""
-        ...
-
-    async def nodes_live(self) -> list[NodeInfo]:
-        """Nodes whose heartbeat has not expired, by node id, with their clock offsets."""
-        ...
-
-    async def nodes_leave(self, node_id: str) -> None:
-        """Remove a node's membership row (graceful shutdown)."""
-        ...
-
-    # planning -------------------------------------------------------------------------------
+    # executions (executions.py): planning, dispatch, history, retention -----------------------
 
     async def checkpoints_get(self, partition_ids: list[int]) -> list[PlannerCheckpoint]:
         """The checkpoints of the listed partitions that have one."""
@@ -602,13 +397,13 @@ class Ledger(Protocol):
         """
         ...
 
-    # execution ------------------------------------------------------------------------------
-
     async def executions_due(self, params: ExecutionsDue) -> list[Execution]:
-        """Executions of the partitions that may start by ``before``: ``queued`` with
-        ``planned_at <= before``, or ``failed`` with ``not_before <= before``; ordered by
-        the instant they may start (:func:`due_cursor`), then id, beginning after
-        ``after`` when given; only ``tenant_id``'s when given; at most ``limit``."""
+        """Executions of the partitions that may start by ``before``
+        (:func:`~engine.model.startable_at` at or before it: ``queued`` with ``planned_at
+        <= before``, or ``failed`` with ``not_before <= before``, at once without one);
+        ordered by that instant, then id (:func:`~engine.ledger.params.due_cursor`),
+        beginning after ``after`` when given; only ``tenant_id``'s when given; at most
+        ``limit``."""
         ...
 
     async def executions_claim(self, params: ExecutionsClaim) -> list[Execution]:
@@ -687,21 +482,15 @@ class Ledger(Protocol):
         once (Postgres: one range of executions_tenant_idx per tenant)."""
         ...
 
-    async def dead_letters_replay(self, params: DeadLettersReplay) -> list[str]:
-        """Put dead letters back to ``queued`` under the same id (history kept; the next
-        claim starts the next attempt number); returns the ids replayed, in the order
-        given, without repeats. Others are ignored -- and so are dead letters whose schedule
-        is deleted (or is live again under another tenant): such a replay could not run,
-        since what an execution runs with (its payload) is its schedule's.
-
-        Audited: in the same transaction, one :class:`~engine.model.AuditEvent` per replayed
-        execution is appended (action ``dead_letter.replay``, target its id, ``actor``, and
-        details ``reason``, ``attempt`` and the ``error_code`` it was dead-lettered with), in
-        the order the ids are given. ``InvalidField`` -- and nothing changes -- for a
-        malformed ``actor`` or ``reason`` or more than :data:`BATCH_ROWS_MAX` ids. Not
-        fenced: an operator's action that any node may serve.
-        """
+    async def executions_purge(self, params: ExecutionsPurge) -> int:
+        """Delete up to ``limit`` succeeded or skipped executions of the fenced partition
+        that finished before ``finished_before`` (with their history), oldest first;
+        returns how many. With ``dead_letters``, dead letters instead (and nothing else).
+        Each removed execution moves its schedule's purge horizon on to its ``planned_at``
+        (never back; see :meth:`executions_backfill`). Fenced."""
         ...
+
+    # audit (audit.py): operators' audited actions and the trail -------------------------------
 
     async def executions_trigger(self, params: ExecutionsTrigger) -> Execution:
         """Run a schedule now: insert a ``queued`` execution of it with ``planned_at`` =
@@ -755,22 +544,20 @@ class Ledger(Protocol):
         """
         ...
 
-    async def audit_list(self, params: AuditQuery) -> list[AuditEvent]:
-        """Audit events with ``event_id > after_event_id`` matching every given filter, by
-        ``event_id``, at most ``limit`` (1..:data:`PAGE_SIZE_MAX`, else ``InvalidField``).
+    async def dead_letters_replay(self, params: DeadLettersReplay) -> list[str]:
+        """Put dead letters back to ``queued`` under the same id (history kept; the next
+        claim starts the next attempt number); returns the ids replayed, in the order
+        given, without repeats. Others are ignored -- and so are dead letters whose schedule
+        is deleted (or is live again under another tenant): such a replay could not run,
+        since what an execution runs with (its payload) is its schedule's.
 
-        The trail is append-only, and ``event_id`` follows commit order: once an event is
-        returned, no event with a smaller id can appear later, so a reader may keep the
-        last id it saw as a watermark and pass it back as ``after_event_id``.
+        Audited: in the same transaction, one :class:`~engine.model.AuditEvent` per replayed
+        execution is appended (action ``dead_letter.replay``, target its id, ``actor``, and
+        details ``reason``, ``attempt`` and the ``error_code`` it was dead-lettered with), in
+        the order the ids are given. ``InvalidField`` -- and nothing changes -- for a
+        malformed ``actor`` or ``reason`` or more than :data:`BATCH_ROWS_MAX` ids. Not
+        fenced: an operator's action that any node may serve.
         """
-        ...
-
-    async def executions_purge(self, params: ExecutionsPurge) -> int:
-        """Delete up to ``limit`` succeeded or skipped executions of the fenced partition
-        that finished before ``finished_before`` (with their history), oldest first;
-        returns how many. With ``dead_letters``, dead letters instead (and nothing else).
-        Each removed execution moves its schedule's purge horizon on to its ``planned_at``
-        (never back; see :meth:`executions_backfill`). Fenced."""
         ...
 
     async def dead_letters_purge(self, params: DeadLettersPurge) -> list[str]:
@@ -784,5 +571,110 @@ class Ledger(Protocol):
         ``error_code`` and ``schedule_id``), in the order given. ``InvalidField`` -- and
         nothing changes -- for a malformed ``actor`` or ``reason`` or more than
         :data:`BATCH_ROWS_MAX` ids. Not fenced.
+        """
+        ...
+
+    async def audit_list(self, params: AuditQuery) -> list[AuditEvent]:
+        """Audit events with ``event_id > after_event_id`` matching every given filter, by
+        ``event_id``, at most ``limit`` (1..:data:`PAGE_SIZE_MAX`, else ``InvalidField``).
+
+        The trail is append-only, and ``event_id`` follows commit order: once an event is
+        returned, no event with a smaller id can appear later, so a reader may keep the
+        last id it saw as a watermark and pass it back as ``after_event_id``.
+        """
+        ...
+
+    # tokens (tokens.py): API tokens and console sessions --------------------------------------
+    #
+    #
+    # The HTTP API's bearer tokens. The ledger never sees a secret: the caller stores the
+    # SHA-256 of it (check_token_hash) and looks a presented one up by its hash.
+    #
+    #
+    # The operator console's sign-ins. Like a token's secret, a session id never reaches the
+    # ledger: the caller stores its SHA-256 and presents that. Validity is judged by the
+    # ledger's clock, so every node agrees on it.
+
+    async def tokens_create(self, params: TokensCreate) -> ApiToken:
+        """Store a token (``created_at`` = ledger now, not revoked); returns it as stored.
+
+        ``InvalidField`` for a malformed token (:func:`~engine.model.validate_api_token`:
+        id, scope ``admin`` or ``tenant:<id>``, description), a hash that is not
+        :data:`TOKEN_HASH_BYTES` bytes, or a malformed ``actor``; ``AlreadyExists`` if the
+        token id, or a token with the same hash, exists (revoked ones too: ids are never
+        reused). Audited: action ``token.create``, target the token id, details ``scope``
+        and ``description``.
+        """
+        ...
+
+    async def tokens_get_by_hash(self, token_hash: bytes) -> ApiToken:
+        """The token whose secret hashes to ``token_hash``; ``NotFound`` if none does,
+        ``InvalidField`` for a hash that is not :data:`TOKEN_HASH_BYTES` bytes. A revoked
+        token *is* returned, with ``revoked_at`` set: the caller refuses it (and can say
+        why). One indexed read: the API calls it for every request it has not cached."""
+        ...
+
+    async def tokens_list(self) -> list[ApiToken]:
+        """Every token, revoked ones included, by token id."""
+        ...
+
+    async def tokens_revoke(self, params: TokensRevoke) -> ApiToken:
+        """Revoke a token: ``revoked_at`` = ledger now; returns it as stored.
+
+        Revoking a revoked token returns it unchanged and appends no second event.
+        ``NotFound`` if absent; ``InvalidField`` for a malformed ``actor``. Audited: action
+        ``token.revoke``, target the token id, details ``scope``. Every console session
+        opened with the token is revoked in the same transaction (:meth:`sessions_touch`
+        then refuses them), and no new one can be opened with it.
+        """
+        ...
+
+    async def sessions_create(self, params: SessionsCreate) -> ConsoleSession:
+        """Open a session for a valid token (``created_at`` = ``last_seen_at`` = ledger now,
+        ``expires_at`` = now + ``lifetime_s``); returns it as stored.
+
+        ``InvalidField`` for a hash that is not :data:`TOKEN_HASH_BYTES` bytes, or durations
+        that are not ``0 < idle_timeout_s <= lifetime_s <=`` :data:`SESSION_LIFETIME_S_MAX`;
+        ``NotFound`` if the token does not exist or is revoked; ``AlreadyExists`` if a session
+        with this hash is stored. Also deletes up to :data:`SESSIONS_PURGED_MAX` sessions
+        past ``expires_at`` (revoked or not), so the table holds no session for longer than
+        its lifetime. Not audited (the node logs sign-ins).
+        """
+        ...
+
+    async def sessions_touch(self, session_hash: bytes) -> ConsoleSession:
+        """The session with this hash, if it is valid now, with ``last_seen_at`` set to the
+        ledger's now. Valid: not revoked, its token not revoked, now before ``expires_at``
+        and before ``last_seen_at + idle_timeout_s``. ``NotFound`` otherwise (unknown,
+        revoked, expired, idle too long: the caller only needs to know it is no session);
+        ``InvalidField`` for a malformed hash. One indexed read and write."""
+        ...
+
+    async def sessions_revoke(self, session_hash: bytes) -> None:
+        """End the session with this hash (``revoked_at`` = ledger now) if it is not ended;
+        nothing for an unknown, expired or revoked one (signing out twice is no error).
+        ``InvalidField`` for a malformed hash."""
+        ...
+
+    # manifests (manifests.py): manifest sets, applied all or nothing ------------------------
+
+    async def manifests_apply(self, params: ManifestsApply) -> list[ManifestDone]:
+        """Apply a manifest set (:mod:`engine.ledger.manifests`) in one transaction.
+
+        Serialized per set name (Postgres: a transaction advisory lock keyed by it; memory:
+        one synchronous stretch): under it the ledger reads the state -- the live schedules
+        among ``schedule_ids`` and those labelled with the set (locked for update), every
+        task type and tenant, the labels of the listed objects and of the set's own --,
+        calls ``plan`` once with it, and makes the changes it returns in their order, each
+        with the rules of its single-object method (:meth:`schedules_create`, ``_update``,
+        ``_delete``, :meth:`task_types_put`, ``_delete``, :meth:`tenants_put`) and refused
+        with ``VersionConflict`` if the object is no longer at ``expected_version``. Each
+        change writes (or, deleted or released, removes) the object's label and appends
+        an audit event ``manifest.apply`` (target its name; details ``manifest_set``,
+        ``kind``, ``change``, ``fields``, ``version``, ``source``), in the same transaction.
+        Any refusal -- the planner's own exceptions included, which propagate unchanged --
+        changes nothing. ``dry_run`` returns the plan and writes nothing (no label, no
+        audit); so does a plan without changes. ``InvalidField`` for a malformed set name
+        or actor, or more than :data:`~engine.ledger.manifests.MANIFEST_CHANGES_MAX` changes.
         """
         ...

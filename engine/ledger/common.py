@@ -1,15 +1,14 @@
 """What both ledger backends make the same way: cursors, audit details, the checks of the
 operator-facing calls' input, and the errors whose messages they share.
 
-Part of the contract of :mod:`engine.ledger.base` (which re-exports the cursors, the replay
-details, the task-type errors and the bounds): a backend that builds an audit event's
+Part of the contract of :mod:`engine.ledger.base`: a backend that builds an audit event's
 details or a refusal's message calls these, so that the two backends agree to the
-character (the contract suite compares them).
+character (the contract suite compares them). The checks of a call's input are the
+parameter objects' own (:mod:`engine.ledger.params`, :mod:`engine.ledger.checks`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -26,26 +25,17 @@ from engine.errors import (
     NotFound,
     QuotaExceeded,
     ValidationError,
+    VersionConflict,
 )
 from engine.ledger.params import (
-    BATCH_ROWS_MAX,
-    SESSION_LIFETIME_S_MAX,
-    STATS_BUCKET_S_MAX,
-    STATS_BUCKETS_MAX,
-    TOKEN_HASH_BYTES,
     ClusterSettings,
-    ExecutionsBackfill,
-    ExecutionsStats,
-    SessionsCreate,
 )
 from engine.model import (
     ALL_TENANTS,
-    IDENTIFIER_LENGTH_MAX,
     ApiToken,
     ConsoleSession,
     Schedule,
     TaskType,
-    execution_id,
 )
 
 # --- cursors ------------------------------------------------------------------------------
@@ -65,6 +55,36 @@ def decode_cursor(cursor: str) -> list[Any]:
     if not isinstance(parts, list):
         raise InvalidField("the pagination cursor is malformed")
     return parts
+
+
+def decode_id_cursor(cursor: str) -> str:
+    """The id a listing cursor (of :func:`encode_cursor`) resumes after."""
+    parts = decode_cursor(cursor)
+    if len(parts) != 1 or not isinstance(parts[0], str) or "\x00" in parts[0]:
+        raise InvalidField("the pagination cursor is malformed")
+    return parts[0]
+
+
+def decode_planned_cursor(cursor: str) -> tuple[datetime, str]:
+    """The ``(planned_at, execution_id)`` an execution query's cursor resumes after. A
+    forged cursor must not reach SQL with a NUL (text cannot hold one) or an instant outside
+    the datetime range once in UTC."""
+    parts = decode_cursor(cursor)
+    if len(parts) != 2 or not all(isinstance(part, str) and "\x00" not in part for part in parts):
+        raise InvalidField("the pagination cursor is malformed")
+    try:
+        planned_at = datetime.fromisoformat(parts[0])
+        at = None if planned_at.tzinfo is None else planned_at.astimezone(UTC)
+    except (ValueError, OverflowError):  # not a timestamp, or out of range once in UTC
+        at = None
+    if at is None:
+        raise InvalidField("the pagination cursor is malformed")
+    return at, parts[1]
+
+
+def encode_planned_cursor(planned_at: datetime, execution_id_: str) -> str:
+    """The cursor of an execution query that resumes after ``(planned_at, execution_id_)``."""
+    return encode_cursor(format_utc(planned_at), execution_id_)
 
 
 # --- audit details --------------------------------------------------------------------------
@@ -146,7 +166,7 @@ def changes_pruned(after_seq: int, pruned_through: int) -> ChangesPruned:
     )
 
 
-# --- input checks -------------------------------------------------------------------------
+# --- triggers, backfills and sessions --------------------------------------------------------
 
 TRIGGER_ID_TRIES_MAX: Final = 1_000
 """Instants a trigger tries, a microsecond apart, looking for a free execution id before it
@@ -167,42 +187,6 @@ def trigger_instants(now: datetime) -> Iterator[datetime]:
         at += timedelta(microseconds=1)
 
 
-def _check_digest(value: bytes, name: str, of: str) -> bytes:
-    """``value`` if it is :data:`TOKEN_HASH_BYTES` bytes: a SHA-256 digest of ``of``."""
-    if not isinstance(value, bytes) or len(value) != TOKEN_HASH_BYTES:
-        size = len(value) if isinstance(value, bytes) else type(value).__name__
-        raise InvalidField(f"a {name} is the {TOKEN_HASH_BYTES}-byte SHA-256 of {of}, got {size}")
-    return value
-
-
-def check_token_hash(token_hash: bytes) -> bytes:
-    """``token_hash`` if it is :data:`TOKEN_HASH_BYTES` bytes (a SHA-256 digest)."""
-    return _check_digest(token_hash, "token hash", "the secret")
-
-
-def check_session_hash(session_hash: bytes) -> bytes:
-    """``session_hash`` if it is :data:`TOKEN_HASH_BYTES` bytes (a SHA-256 digest)."""
-    return _check_digest(session_hash, "session hash", "the session id")
-
-
-def check_sessions_create(params: SessionsCreate) -> SessionsCreate:
-    """A session to open: a well-formed hash, and ``0 < idle <= lifetime <= the maximum``."""
-    check_session_hash(params.session_hash)
-    idle, lifetime = params.idle_timeout_s, params.lifetime_s
-    if not (
-        isinstance(idle, int | float)
-        and isinstance(lifetime, int | float)
-        and math.isfinite(idle)
-        and math.isfinite(lifetime)
-        and 0 < idle <= lifetime <= SESSION_LIFETIME_S_MAX
-    ):
-        raise InvalidField(
-            "a session needs 0 < idle_timeout_s <= lifetime_s <= "
-            f"{SESSION_LIFETIME_S_MAX:g} seconds, got {idle!r} and {lifetime!r}"
-        )
-    return params
-
-
 def session_token_unusable(token_id: str) -> NotFound:
     """The error for opening a session with a token that does not exist or is revoked."""
     return NotFound(f"token {token_id!r} does not exist or is revoked")
@@ -217,55 +201,6 @@ def session_valid(session: ConsoleSession, now: datetime) -> bool:
     """Whether ``session`` is usable at ``now`` (its token's revocation aside)."""
     idle_until = session.last_seen_at + timedelta(seconds=session.idle_timeout_s)
     return session.revoked_at is None and now < session.expires_at and now < idle_until
-
-
-def check_planner_lags(lags: dict[int, float], partition_count: int) -> dict[int, float]:
-    """A node's reported planner lags: partition ids in range, finite seconds >= 0."""
-    checked: dict[int, float] = {}
-    for partition_id, lag_s in lags.items():
-        if isinstance(partition_id, bool) or not isinstance(partition_id, int):
-            raise InvalidField(f"planner_lag_s keys are partition ids, got {partition_id!r}")
-        if not 0 <= partition_id < partition_count:
-            raise InvalidField(
-                f"planner_lag_s names partition {partition_id}, outside 0..{partition_count - 1}"
-            )
-        if (
-            isinstance(lag_s, bool)
-            or not isinstance(lag_s, int | float)
-            or not (math.isfinite(lag_s) and lag_s >= 0)
-        ):
-            raise InvalidField(f"planner_lag_s must be seconds >= 0, got {lag_s!r}")
-        checked[partition_id] = float(lag_s)
-    return checked
-
-
-def check_clock_offset(offset_s: float | None) -> float | None:
-    """A node's reported clock offset: ``None`` or a finite number of seconds."""
-    if offset_s is None:
-        return None
-    if isinstance(offset_s, bool) or not isinstance(offset_s, int | float):
-        raise InvalidField(f"clock_offset_s must be a number of seconds, got {offset_s!r}")
-    if not math.isfinite(offset_s):
-        raise InvalidField(f"clock_offset_s must be a finite number of seconds, got {offset_s}")
-    return float(offset_s)
-
-
-def backfill_instants(params: ExecutionsBackfill) -> list[datetime]:
-    """The instants of a backfill in UTC, in the order given, each once; ``InvalidField``
-    for more than :data:`BATCH_ROWS_MAX` of them or a naive one. (Whether they are past is
-    judged by each backend against the ledger's clock: :func:`backfill_in_future`.)"""
-    if len(params.planned_at) > BATCH_ROWS_MAX:
-        raise InvalidField(
-            f"a backfill carries {len(params.planned_at)} instants; at most {BATCH_ROWS_MAX} "
-            "per call"
-        )
-    instants: dict[str, datetime] = {}
-    for instant in params.planned_at:
-        if instant.tzinfo is None or instant.utcoffset() is None:
-            raise InvalidField(f"backfill instant {instant.isoformat()} has no UTC offset")
-        utc = instant.astimezone(UTC)
-        instants.setdefault(execution_id(params.schedule_id, utc), utc)
-    return list(instants.values())
 
 
 def backfill_in_future(instants: list[datetime], now: datetime) -> InvalidField | None:
@@ -302,41 +237,31 @@ def fires_among(schedule: Schedule, instants: Iterable[datetime]) -> set[datetim
         return set()
 
 
-def check_id_prefix(prefix: str | None) -> str | None:
-    """A schedule listing's ``id_prefix``: ``None`` or at most an identifier's length."""
-    if prefix is not None and len(prefix) > IDENTIFIER_LENGTH_MAX:
-        raise InvalidField(
-            f"id_prefix is {len(prefix)} characters long; no id is longer than "
-            f"{IDENTIFIER_LENGTH_MAX}"
-        )
-    return prefix
-
-
-def check_stats(params: ExecutionsStats) -> datetime:
-    """The start of an execution statistics range in UTC, once every bound is checked."""
-    start = params.planned_from
-    if start.tzinfo is None or start.utcoffset() is None:
-        raise InvalidField(f"planned_from {start.isoformat()} has no UTC offset")
-    for name, value, maximum in (
-        ("buckets", params.buckets, STATS_BUCKETS_MAX),
-        ("bucket_s", params.bucket_s, STATS_BUCKET_S_MAX),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
-            raise InvalidField(f"{name} must be an integer from 1 to {maximum}, got {value!r}")
-    on_time_s = params.on_time_s
-    if (
-        isinstance(on_time_s, bool)
-        or not isinstance(on_time_s, int | float)
-        or not (math.isfinite(on_time_s) and on_time_s >= 0)
-    ):
-        raise InvalidField(f"on_time_s must be a finite number of seconds >= 0, got {on_time_s!r}")
-    return start.astimezone(UTC)
-
-
 # --- errors ---------------------------------------------------------------------------------
 
 IN_USE_SHOWN_MAX: Final = 5
 """How many schedule ids a refused task-type delete names."""
+
+
+NO_TOKEN_WITH_HASH: Final = "no token has this secret"
+TENANT_DEFAULTS: Final = "has no stored settings (it has the defaults)"
+"""What a tenant without a stored row is said to be (``tenants_get``'s ``NotFound``)."""
+
+
+def not_found(what: str, key: str, state: str = "does not exist") -> NotFound:
+    """The error for a record that is not there (``what``: "schedule", "task type", ...)."""
+    return NotFound(f"{what} {key!r} {state}")
+
+
+def version_conflict(
+    what: str, key: str, current: int | None, expected: int | None
+) -> VersionConflict:
+    """The error for a versioned write whose ``expected`` version is not the stored one
+    (``current``; ``None`` when the record does not exist)."""
+    state = f"does not exist, not version {expected}"
+    if current is not None:
+        state = f"is at version {current}, not {expected}"
+    return VersionConflict(f"{what} {key!r} {state}; re-read it and apply the change again")
 
 
 def unknown_task_types(unknown: list[tuple[str, str]]) -> InvalidField:
@@ -450,6 +375,12 @@ def quota_exceeded(tenant_id: str, quota: int, count: int, requested: int) -> Qu
         count=count,
         requested=requested,
     )
+
+
+def schedules_exist(ids: list[str]) -> AlreadyExists:
+    """The error for creating schedules whose ids are live (``ids``: sorted)."""
+    shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+    return AlreadyExists(f"schedules already exist: {shown}", ids=tuple(ids))
 
 
 def token_id_taken(token_id: str) -> AlreadyExists:

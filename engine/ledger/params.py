@@ -2,18 +2,36 @@
 base.Ledger` calls (one params object per call), and the bounds every call checks.
 
 They live apart from the protocol so that the contract (``base.py``) reads as the list of
-operations; ``engine.ledger.base`` re-exports every name, so callers import from either.
+operations. Each parameter object with something to check checks itself, once, for both
+backends: ``params.checked()`` returns it with every instant in UTC, or raises
+``InvalidField`` (the rules are in :mod:`engine.ledger.checks`). Both backends call it first,
+so they refuse the same input with the same message.
 """
 
 from __future__ import annotations
 
 import enum
-from datetime import datetime
-from typing import Final, Generic, TypeVar
+import math
+from collections import Counter
+from datetime import UTC, datetime
+from typing import Final, Generic, Self, TypeVar
 
 import msgspec
 
 from engine.core.dst import DstGap, DstOverlap
+from engine.errors import InvalidField
+from engine.ledger.checks import (
+    check_batch,
+    check_clock_offset,
+    check_duration,
+    check_id_prefix,
+    check_limit,
+    check_not_empty,
+    check_session_hash,
+    check_token_hash,
+    utc,
+    utc_or_none,
+)
 from engine.model import (
     ApiToken,
     CatchUpPolicy,
@@ -22,7 +40,15 @@ from engine.model import (
     Schedule,
     TaskType,
     Tenant,
+    check_payload_size,
+    execution_id,
+    startable_at,
+    validate_actor,
+    validate_api_token,
     validate_identifier,
+    validate_reason,
+    validate_task_type,
+    validate_tenant,
 )
 
 BATCH_ROWS_MAX: Final = 10_000
@@ -36,8 +62,6 @@ CENSUS_GROUPS_MAX: Final = 100_000
 STATS_BUCKETS_MAX: Final = 1_440
 """Most buckets one execution statistics call returns (a day of minutes)."""
 STATS_BUCKET_S_MAX: Final = 3_600
-TOKEN_HASH_BYTES: Final = 32
-"""Length of an API token's hash (SHA-256 of the secret, computed by the caller)."""
 
 SCHEDULE_DELETED: Final = "schedule_deleted"
 """``error_code`` of executions skipped because their schedule was deleted."""
@@ -51,6 +75,8 @@ re-creating or backfilling may revive (those of a fire that never started). A sk
 any other reason -- an overlap policy, a catch-up policy -- is never revived."""
 
 T = TypeVar("T")
+
+_PLANNABLE: Final = frozenset({ExecutionStatus.QUEUED, ExecutionStatus.SKIPPED})
 
 
 class Fence(msgspec.Struct, frozen=True):
@@ -156,12 +182,27 @@ class SchedulesCreate(msgspec.Struct, frozen=True):
 
     schedules: list[Schedule]
 
+    def checked(self) -> Self:
+        """At most :data:`BATCH_ROWS_MAX` well-formed schedules (:func:`checked_schedule`),
+        no id twice."""
+        check_batch(len(self.schedules), BATCH_ROWS_MAX, field="schedules")
+        schedules = [checked_schedule(schedule) for schedule in self.schedules]
+        repeated = sorted(
+            key for key, n in Counter(s.schedule_id for s in schedules).items() if n > 1
+        )
+        if repeated:
+            raise InvalidField(f"schedule ids repeated in one call: {', '.join(repeated)}")
+        return msgspec.structs.replace(self, schedules=schedules)
+
 
 class SchedulesUpdate(msgspec.Struct, frozen=True):
     """Replace a schedule's user fields if its current version is ``expected_version``."""
 
     schedule: Schedule
     expected_version: int
+
+    def checked(self) -> Self:
+        return msgspec.structs.replace(self, schedule=checked_schedule(self.schedule))
 
 
 class SchedulesDelete(msgspec.Struct, frozen=True):
@@ -179,6 +220,11 @@ class SchedulesList(msgspec.Struct, frozen=True):
     id_prefix: str | None = None
     """Only the ids that start with it (at most ``IDENTIFIER_LENGTH_MAX`` characters)."""
 
+    def checked(self) -> Self:
+        check_limit(self.limit, PAGE_SIZE_MAX)
+        check_id_prefix(self.id_prefix)
+        return self
+
 
 class SchedulesPlannable(msgspec.Struct, frozen=True):
     """The enabled live schedules of ``partition_id`` with ids above ``after`` (``None``: from
@@ -187,6 +233,10 @@ class SchedulesPlannable(msgspec.Struct, frozen=True):
     partition_id: int
     after: str | None = None
     limit: int = PLAN_PAGE_MAX
+
+    def checked(self) -> Self:
+        check_limit(self.limit, PLAN_PAGE_MAX)
+        return self
 
 
 class PlannableSchedule(msgspec.Struct, frozen=True, gc=False):
@@ -228,9 +278,24 @@ def plannable(schedule: Schedule) -> PlannableSchedule:
     )
 
 
+def checked_schedule(schedule: Schedule) -> Schedule:
+    """``schedule`` if its id, payload and ``next_run_at`` are well formed, with
+    ``next_run_at`` in UTC: the check of every schedule a create or update stores."""
+    validate_identifier(schedule.schedule_id, kind="schedule id")
+    check_payload_size(schedule.payload)
+    next_run_at = schedule.next_run_at
+    if next_run_at is None or next_run_at.tzinfo is UTC:
+        return schedule
+    return msgspec.structs.replace(schedule, next_run_at=utc(next_run_at, field="next_run_at"))
+
+
 class ScheduleChangesSince(msgspec.Struct, frozen=True):
     after_seq: int
     limit: int = PAGE_SIZE_MAX
+
+    def checked(self) -> Self:
+        check_limit(self.limit, PAGE_SIZE_MAX)
+        return self
 
 
 class ScheduleChangesPrune(msgspec.Struct, frozen=True):
@@ -239,6 +304,10 @@ class ScheduleChangesPrune(msgspec.Struct, frozen=True):
     before: datetime
     limit: int = BATCH_ROWS_MAX
 
+    def checked(self) -> Self:
+        check_limit(self.limit, BATCH_ROWS_MAX)
+        return msgspec.structs.replace(self, before=utc(self.before, field="before"))
+
 
 class LeasesAcquire(msgspec.Struct, frozen=True):
     owner_id: str
@@ -246,6 +315,13 @@ class LeasesAcquire(msgspec.Struct, frozen=True):
     ttl_s: float
     region: str = REGION_DEFAULT
     """The caller's region: nothing is acquired unless it is the cluster's active region."""
+
+    def checked(self) -> Self:
+        """A named owner and a valid TTL (the partitions are checked against the cluster's
+        count by :func:`~engine.ledger.checks.check_partitions`)."""
+        check_not_empty(self.owner_id, field="owner_id")
+        check_duration(self.ttl_s, field="ttl_s")
+        return self
 
 
 class RegionFailover(msgspec.Struct, frozen=True):
@@ -256,6 +332,14 @@ class RegionFailover(msgspec.Struct, frozen=True):
     reason: str | None = None
     epoch_at_least: int = 0
     """The epoch to move to at least: fencing an old primary to the new primary's epoch."""
+
+    def checked(self) -> Self:
+        return msgspec.structs.replace(
+            self,
+            to_region=validate_region(self.to_region),
+            actor=validate_actor(self.actor),
+            reason=validate_reason(self.reason),
+        )
 
 
 class RegionChange(msgspec.Struct, frozen=True):
@@ -271,6 +355,10 @@ class LeasesRenew(msgspec.Struct, frozen=True):
     fences: list[Fence]
     ttl_s: float
 
+    def checked(self) -> Self:
+        check_duration(self.ttl_s, field="ttl_s")
+        return self
+
 
 class LeasesRelease(msgspec.Struct, frozen=True):
     fences: list[Fence]
@@ -285,6 +373,13 @@ class NodesHeartbeat(msgspec.Struct, frozen=True):
     planner_lag_s: dict[int, float] = msgspec.field(default_factory=dict)
     """The node's planner lag per partition it plans (at most the partition count of
     entries), stored on its row for ``GET /v1/cluster``."""
+
+    def checked(self) -> Self:
+        """A named node, a valid TTL and offset (the lags are checked against the cluster's
+        partition count by :func:`~engine.ledger.checks.check_planner_lags`)."""
+        check_not_empty(self.node_id, field="node_id")
+        check_duration(self.ttl_s, field="ttl_s")
+        return msgspec.structs.replace(self, clock_offset_s=check_clock_offset(self.clock_offset_s))
 
 
 class PlannedExecution(msgspec.Struct, frozen=True):
@@ -313,6 +408,43 @@ class ExecutionsPlan(msgspec.Struct, frozen=True):
     advances: list[ScheduleAdvance]
     checkpoint: datetime | None = None
 
+    def checked(self) -> Self:
+        """At most :data:`BATCH_ROWS_MAX` fires and advances; each fire ``queued``, or
+        ``skipped`` with an ``error_code``; every instant aware (returned in UTC). Whether
+        each schedule belongs to the fenced partition is checked against the cluster's
+        count (:func:`~engine.ledger.checks.check_schedules_routed`). Rows that need no
+        normalising are kept as they are: a planner's batch of thousands is not copied."""
+        check_batch(len(self.executions), BATCH_ROWS_MAX, field="executions")
+        check_batch(len(self.advances), BATCH_ROWS_MAX, field="advances")
+        executions = []
+        for fire in self.executions:
+            status, planned_at = fire.status, fire.planned_at
+            if status not in _PLANNABLE:
+                raise InvalidField(f"a planned execution is queued or skipped, not {status}")
+            if status == ExecutionStatus.SKIPPED and fire.error_code is None:
+                raise InvalidField("a skipped execution must carry an error_code saying why")
+            if type(status) is not ExecutionStatus or planned_at.tzinfo is not UTC:
+                fire = msgspec.structs.replace(
+                    fire,
+                    status=ExecutionStatus(status),
+                    planned_at=utc(planned_at, field="planned_at"),
+                )
+            executions.append(fire)
+        advances = [
+            advance
+            if advance.next_run_at is None or advance.next_run_at.tzinfo is UTC
+            else msgspec.structs.replace(
+                advance, next_run_at=utc(advance.next_run_at, field="next_run_at")
+            )
+            for advance in self.advances
+        ]
+        return msgspec.structs.replace(
+            self,
+            executions=executions,
+            advances=advances,
+            checkpoint=utc_or_none(self.checkpoint, field="checkpoint"),
+        )
+
 
 class PlanResult(msgspec.Struct, frozen=True):
     inserted: list[str]
@@ -332,10 +464,12 @@ class DueCursor(msgspec.Struct, frozen=True):
 
 
 def due_cursor(execution: Execution) -> DueCursor:
-    """The position of ``execution`` in :meth:`Ledger.executions_due` order."""
-    at = execution.planned_at
-    if execution.status is ExecutionStatus.FAILED and execution.not_before is not None:
-        at = execution.not_before
+    """The position of ``execution`` in :meth:`Ledger.executions_due` order: its
+    :func:`~engine.model.startable_at`, then its id. ``ValueError`` for an execution that
+    may not start (running or terminal): no due read returns one."""
+    at = startable_at(execution)
+    if at is None:
+        raise ValueError(f"execution {execution.execution_id} is {execution.status}: not startable")
     return DueCursor(at, execution.execution_id)
 
 
@@ -349,12 +483,26 @@ class ExecutionsDue(msgspec.Struct, frozen=True):
     """Only this tenant's executions (a dispatcher reading one tenant's backlog on its own,
     to hold the tenants by weight)."""
 
+    def checked(self) -> Self:
+        check_limit(self.limit, PAGE_SIZE_MAX)
+        after = self.after
+        if after is not None:
+            after = DueCursor(
+                utc(after.startable_at, field="after.startable_at"), after.execution_id
+            )
+        return msgspec.structs.replace(self, before=utc(self.before, field="before"), after=after)
+
 
 class ExecutionsClaim(msgspec.Struct, frozen=True):
     fences: list[Fence]
     execution_ids: list[str]
     attempt_lease_s: float
     node_id: str
+
+    def checked(self) -> Self:
+        check_batch(len(self.execution_ids), BATCH_ROWS_MAX, field="execution_ids")
+        check_duration(self.attempt_lease_s, field="attempt_lease_s")
+        return self
 
 
 class AttemptRef(msgspec.Struct, frozen=True):
@@ -371,12 +519,20 @@ class ExecutionsExtend(msgspec.Struct, frozen=True):
     attempts: list[AttemptRef]
     attempt_lease_s: float
 
+    def checked(self) -> Self:
+        check_batch(len(self.attempts), BATCH_ROWS_MAX, field="attempts")
+        check_duration(self.attempt_lease_s, field="attempt_lease_s")
+        return self
+
 
 class Outcome(enum.StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     DEAD_LETTER = "dead-letter"
     SKIPPED = "skipped"
+
+
+_OUTCOMES: Final = frozenset(str(outcome) for outcome in Outcome)
 
 
 class Completion(msgspec.Struct, frozen=True):
@@ -393,6 +549,32 @@ class ExecutionsComplete(msgspec.Struct, frozen=True):
     fences: list[Fence]
     completions: list[Completion]
 
+    def checked(self) -> Self:
+        """At most :data:`BATCH_ROWS_MAX` completions, each of a known outcome, its retry
+        instant aware (both returned normalised: an :class:`Outcome`, UTC). A batch that
+        needs no normalising is returned as it is (the hot path)."""
+        check_batch(len(self.completions), BATCH_ROWS_MAX, field="completions")
+        normal = True
+        for completion in self.completions:
+            outcome, not_before = completion.outcome, completion.not_before
+            if outcome not in _OUTCOMES:
+                raise InvalidField(f"unknown outcome {outcome!r}")
+            if not_before is not None:
+                utc(not_before, field="not_before")
+                normal = normal and not_before.tzinfo is UTC
+            normal = normal and type(outcome) is Outcome
+        if normal:
+            return self
+        completions = [
+            msgspec.structs.replace(
+                completion,
+                outcome=Outcome(completion.outcome),
+                not_before=utc_or_none(completion.not_before, field="not_before"),
+            )
+            for completion in self.completions
+        ]
+        return msgspec.structs.replace(self, completions=completions)
+
 
 class CompleteResult(msgspec.Struct, frozen=True):
     applied: list[str]
@@ -403,6 +585,10 @@ class CompleteResult(msgspec.Struct, frozen=True):
 class ExecutionsRequeueExpired(msgspec.Struct, frozen=True):
     fences: list[Fence]
     limit: int = BATCH_ROWS_MAX
+
+    def checked(self) -> Self:
+        check_limit(self.limit, BATCH_ROWS_MAX)
+        return self
 
 
 class ExecutionsQuery(msgspec.Struct, frozen=True):
@@ -418,6 +604,17 @@ class ExecutionsQuery(msgspec.Struct, frozen=True):
     finished_from: datetime | None = None
     """Inclusive; executions not finished (``finished_at`` unset) never match it."""
 
+    def checked(self) -> Self:
+        """A limit in range and aware instants (in UTC); the cursor is decoded by the
+        backends (:func:`~engine.ledger.common.decode_planned_cursor`)."""
+        check_limit(self.limit, PAGE_SIZE_MAX)
+        return msgspec.structs.replace(
+            self,
+            planned_from=utc_or_none(self.planned_from, field="planned_from"),
+            planned_to=utc_or_none(self.planned_to, field="planned_to"),
+            finished_from=utc_or_none(self.finished_from, field="finished_from"),
+        )
+
 
 class ExecutionsSkip(msgspec.Struct, frozen=True):
     """Record not-yet-started executions as deliberately not run (e.g. the overlap policy)."""
@@ -426,6 +623,12 @@ class ExecutionsSkip(msgspec.Struct, frozen=True):
     execution_ids: list[str]
     error_code: str
     error_message: str | None = None
+
+    def checked(self) -> Self:
+        check_batch(len(self.execution_ids), BATCH_ROWS_MAX, field="execution_ids")
+        if not self.error_code:
+            raise InvalidField("a skipped execution must carry an error_code saying why")
+        return self
 
 
 class DeadLettersReplay(msgspec.Struct, frozen=True):
@@ -437,6 +640,12 @@ class DeadLettersReplay(msgspec.Struct, frozen=True):
     actor: str
     reason: str | None = None
 
+    def checked(self) -> Self:
+        check_batch(len(self.execution_ids), BATCH_ROWS_MAX, field="execution_ids")
+        return msgspec.structs.replace(
+            self, actor=validate_actor(self.actor), reason=validate_reason(self.reason)
+        )
+
 
 class AuditQuery(msgspec.Struct, frozen=True):
     """Audit events matching every given filter, after ``after_event_id`` (a watermark)."""
@@ -446,6 +655,10 @@ class AuditQuery(msgspec.Struct, frozen=True):
     after_event_id: int | None = None
     limit: int = 100
 
+    def checked(self) -> Self:
+        check_limit(self.limit, PAGE_SIZE_MAX)
+        return self
+
 
 class ExecutionsPurge(msgspec.Struct, frozen=True):
     fence: Fence
@@ -454,6 +667,12 @@ class ExecutionsPurge(msgspec.Struct, frozen=True):
     dead_letters: bool = False
     """``False``: succeeded and skipped executions; ``True``: dead letters only."""
 
+    def checked(self) -> Self:
+        check_limit(self.limit, BATCH_ROWS_MAX)
+        return msgspec.structs.replace(
+            self, finished_before=utc(self.finished_before, field="finished_before")
+        )
+
 
 class DeadLettersPurge(msgspec.Struct, frozen=True):
     """Delete dead letters for good, on behalf of ``actor`` (audited with ``reason``)."""
@@ -461,6 +680,12 @@ class DeadLettersPurge(msgspec.Struct, frozen=True):
     execution_ids: list[str]
     actor: str
     reason: str | None = None
+
+    def checked(self) -> Self:
+        check_batch(len(self.execution_ids), BATCH_ROWS_MAX, field="execution_ids")
+        return msgspec.structs.replace(
+            self, actor=validate_actor(self.actor), reason=validate_reason(self.reason)
+        )
 
 
 class TaskTypesPut(msgspec.Struct, frozen=True):
@@ -473,6 +698,15 @@ class TaskTypesPut(msgspec.Struct, frozen=True):
     task_type: TaskType
     expected_version: int | None = None
 
+    def checked(self) -> Self:
+        """A well-formed task type (:func:`~engine.model.validate_task_type`), its settings
+        a JSON round trip of the caller's (what is stored is what JSON can carry)."""
+        task_type = validate_task_type(self.task_type)
+        settings = msgspec.json.decode(msgspec.json.encode(task_type.settings))
+        return msgspec.structs.replace(
+            self, task_type=msgspec.structs.replace(task_type, settings=settings)
+        )
+
 
 class TenantsPut(msgspec.Struct, frozen=True):
     """Create or replace a tenant's dispatch settings; ``expected_version`` as in
@@ -480,6 +714,9 @@ class TenantsPut(msgspec.Struct, frozen=True):
 
     tenant: Tenant
     expected_version: int | None = None
+
+    def checked(self) -> Self:
+        return msgspec.structs.replace(self, tenant=validate_tenant(self.tenant))
 
 
 # --- the HTTP API's operations: tokens, operator-added executions, census ---------------
@@ -494,10 +731,21 @@ class TokensCreate(msgspec.Struct, frozen=True):
     token_hash: bytes
     actor: str
 
+    def checked(self) -> Self:
+        return msgspec.structs.replace(
+            self,
+            token=validate_api_token(self.token),
+            token_hash=check_token_hash(self.token_hash),
+            actor=validate_actor(self.actor),
+        )
+
 
 class TokensRevoke(msgspec.Struct, frozen=True):
     token_id: str
     actor: str
+
+    def checked(self) -> Self:
+        return msgspec.structs.replace(self, actor=validate_actor(self.actor))
 
 
 SESSION_LIFETIME_S_MAX: Final = 30 * 86_400.0
@@ -516,6 +764,24 @@ class SessionsCreate(msgspec.Struct, frozen=True):
     idle_timeout_s: float
     lifetime_s: float
 
+    def checked(self) -> Self:
+        """A well-formed hash, and ``0 < idle_timeout_s <= lifetime_s <=``
+        :data:`SESSION_LIFETIME_S_MAX`."""
+        check_session_hash(self.session_hash)
+        idle, lifetime = self.idle_timeout_s, self.lifetime_s
+        if not (
+            isinstance(idle, int | float)
+            and isinstance(lifetime, int | float)
+            and math.isfinite(idle)
+            and math.isfinite(lifetime)
+            and 0 < idle <= lifetime <= SESSION_LIFETIME_S_MAX
+        ):
+            raise InvalidField(
+                "a session needs 0 < idle_timeout_s <= lifetime_s <= "
+                f"{SESSION_LIFETIME_S_MAX:g} seconds, got {idle!r} and {lifetime!r}"
+            )
+        return self
+
 
 class ExecutionsTrigger(msgspec.Struct, frozen=True):
     """Run a schedule now, on behalf of ``actor`` (audited with ``reason``)."""
@@ -523,6 +789,11 @@ class ExecutionsTrigger(msgspec.Struct, frozen=True):
     schedule_id: str
     actor: str
     reason: str | None = None
+
+    def checked(self) -> Self:
+        return msgspec.structs.replace(
+            self, actor=validate_actor(self.actor), reason=validate_reason(self.reason)
+        )
 
 
 class ExecutionsBackfill(msgspec.Struct, frozen=True):
@@ -532,6 +803,29 @@ class ExecutionsBackfill(msgspec.Struct, frozen=True):
     planned_at: list[datetime]
     actor: str
     reason: str | None = None
+
+    def checked(self) -> Self:
+        """At most :data:`BATCH_ROWS_MAX` aware instants, returned in UTC, in the order
+        given, each once (by execution id); a valid actor and reason. (Whether they are past
+        is judged by each backend against the ledger's clock: :func:`~engine.ledger.common.
+        backfill_in_future`.)"""
+        if len(self.planned_at) > BATCH_ROWS_MAX:
+            raise InvalidField(
+                f"a backfill carries {len(self.planned_at)} instants; at most {BATCH_ROWS_MAX} "
+                "per call"
+            )
+        instants: dict[str, datetime] = {}
+        for instant in self.planned_at:
+            if instant.tzinfo is None or instant.utcoffset() is None:
+                raise InvalidField(f"backfill instant {instant.isoformat()} has no UTC offset")
+            at = instant.astimezone(UTC)
+            instants.setdefault(execution_id(self.schedule_id, at), at)
+        return msgspec.structs.replace(
+            self,
+            planned_at=list(instants.values()),
+            actor=validate_actor(self.actor),
+            reason=validate_reason(self.reason),
+        )
 
 
 class Backfilled(msgspec.Struct, frozen=True):
@@ -552,6 +846,10 @@ class SchedulesCensus(msgspec.Struct, frozen=True):
 
     tenant_id: str | None = None
     limit: int = CENSUS_GROUPS_MAX
+
+    def checked(self) -> Self:
+        check_limit(self.limit, CENSUS_GROUPS_MAX)
+        return self
 
 
 class ScheduleGroup(msgspec.Struct, frozen=True):
@@ -583,6 +881,28 @@ class ExecutionsStats(msgspec.Struct, frozen=True):
     on_time_s: float
     """A first attempt started at most this long after its planned instant is on time."""
     tenant_id: str | None = None
+
+    def checked(self) -> Self:
+        """Every bound checked; ``planned_from`` returned in UTC."""
+        start = self.planned_from
+        if start.tzinfo is None or start.utcoffset() is None:
+            raise InvalidField(f"planned_from {start.isoformat()} has no UTC offset")
+        for name, value, maximum in (
+            ("buckets", self.buckets, STATS_BUCKETS_MAX),
+            ("bucket_s", self.bucket_s, STATS_BUCKET_S_MAX),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+                raise InvalidField(f"{name} must be an integer from 1 to {maximum}, got {value!r}")
+        on_time_s = self.on_time_s
+        if (
+            isinstance(on_time_s, bool)
+            or not isinstance(on_time_s, int | float)
+            or not (math.isfinite(on_time_s) and on_time_s >= 0)
+        ):
+            raise InvalidField(
+                f"on_time_s must be a finite number of seconds >= 0, got {on_time_s!r}"
+            )
+        return msgspec.structs.replace(self, planned_from=start.astimezone(UTC))
 
 
 class ExecutionsBucket(msgspec.Struct, frozen=True):

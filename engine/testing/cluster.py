@@ -29,8 +29,8 @@ from typing import Any, Final
 import trio
 
 from engine.config import NodeConfig
-from engine.ledger.base import ExecutionsQuery
 from engine.ledger.memory import MemoryLedger
+from engine.ledger.params import ExecutionsQuery
 from engine.model import Execution
 from engine.node import Node
 from engine.testing.clock import SkewedClock

@@ -25,8 +25,9 @@ from engine.config import (
     WORKERS_DEFAULT,
 )
 from engine.core.timetable import Timetable, TimetableCache
-from engine.ledger.base import Ledger, SchedulesCreate
+from engine.ledger.base import Ledger
 from engine.ledger.memory import MemoryLedger
+from engine.ledger.params import SchedulesCreate
 from engine.metrics import NodeMetrics
 from engine.model import Execution, Schedule
 from engine.testing import CLUSTER_PARTITIONS, CLUSTER_START, Cluster, open_cluster

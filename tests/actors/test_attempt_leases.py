@@ -8,7 +8,7 @@ import trio
 import trio.testing
 
 from engine.core.hashing import partition_of
-from engine.ledger.base import ExecutionsExtend, TaskTypesPut
+from engine.ledger.params import ExecutionsExtend, TaskTypesPut
 from engine.model import Execution, ExecutionStatus, HandlerKind, Schedule, TaskType
 from tests.actors import probe_handlers
 from tests.actors.harness import (

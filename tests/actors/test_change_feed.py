@@ -12,7 +12,8 @@ from engine.actors.forecast import BurstForecast, ForecastConfig
 from engine.actors.planner import PlannerConfig
 from engine.actors.planner_supervisor import PlannerSupervisor
 from engine.core.timetable import TimetableCache
-from engine.ledger.base import (
+from engine.ledger.memory import MemoryLedger
+from engine.ledger.params import (
     ExecutionsQuery,
     Fence,
     LeasesAcquire,
@@ -20,7 +21,6 @@ from engine.ledger.base import (
     SchedulesCreate,
     SchedulesUpdate,
 )
-from engine.ledger.memory import MemoryLedger
 from engine.metrics import NodeMetrics
 from engine.model import Schedule
 from engine.testing import SkewedClock

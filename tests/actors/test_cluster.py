@@ -12,7 +12,7 @@ import trio.testing
 
 from engine.actors.announcements import ANNOUNCED_MAX
 from engine.actors.lease_keeper import HAND_BACK_DRAIN_S
-from engine.ledger.base import TaskTypesPut
+from engine.ledger.params import TaskTypesPut
 from engine.model import CatchUpPolicy, ExecutionStatus, HandlerKind, Schedule, TaskType
 from tests.actors import probe_handlers
 from tests.actors.harness import (

@@ -14,7 +14,7 @@ import msgspec
 import trio
 import trio.testing
 
-from engine.ledger.base import SchedulesCreate, TaskTypesPut, TenantsPut
+from engine.ledger.params import SchedulesCreate, TaskTypesPut, TenantsPut
 from engine.model import HandlerKind, Schedule, TaskType, Tenant
 from tests.actors import probe_handlers
 from tests.actors.harness import START, TEST_TENANTS, cluster, make_schedules

@@ -13,7 +13,7 @@ import msgspec
 import trio
 import trio.testing
 
-from engine.ledger.base import TenantsPut
+from engine.ledger.params import TenantsPut
 from engine.model import Schedule, Tenant
 from tests.actors import probe_handlers
 from tests.actors.harness import START, cluster

@@ -10,7 +10,7 @@ import trio.testing
 
 from engine.errors import LedgerUnavailable, PermanentError
 from engine.handlers import ExecutionContext
-from engine.ledger.base import ExecutionsQuery, SchedulesUpdate, TaskTypesPut
+from engine.ledger.params import ExecutionsQuery, SchedulesUpdate, TaskTypesPut
 from engine.model import ExecutionStatus, HandlerKind, TaskType
 from tests.actors import user_handlers
 from tests.actors.harness import (

@@ -12,7 +12,7 @@ import trio.testing
 
 from engine.api.schedule_input import paused, resumed
 from engine.handlers import ExecutionContext
-from engine.ledger.base import (
+from engine.ledger.params import (
     ExecutionsClaim,
     SchedulesCreate,
     SchedulesDelete,

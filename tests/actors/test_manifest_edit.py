@@ -10,8 +10,8 @@ import trio
 import trio.testing
 
 from engine.api.routes_manifests import ApplyIn, planner
-from engine.ledger.base import TaskTypesPut
 from engine.ledger.manifests import ManifestAction, ManifestsApply
+from engine.ledger.params import TaskTypesPut
 from engine.model import HandlerKind, TaskType
 from tests.actors.harness import START, TEST_TENANTS, cluster
 

@@ -18,7 +18,7 @@ from engine.config import DISPATCH_QUEUE_MAX_DEFAULT, WORKERS_DEFAULT
 from engine.core.hashing import partition_of
 from engine.errors import LedgerUnavailable, PermanentError
 from engine.handlers import ExecutionContext
-from engine.ledger.base import (
+from engine.ledger.params import (
     ExecutionsExtend,
     ExecutionsPlan,
     LeasesRenew,

@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from engine.actors.dispatcher import FETCH_INTERVAL_S_DEFAULT
-from engine.ledger.base import ExecutionsBackfill, ExecutionsTrigger, SchedulesUpdate
+from engine.ledger.params import ExecutionsBackfill, ExecutionsTrigger, SchedulesUpdate
 from engine.model import ExecutionStatus
 from tests.actors.harness import START, all_executions, cluster, create, make_schedules
 

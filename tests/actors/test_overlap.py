@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 import trio
 import trio.testing
 
-from engine.ledger.base import SchedulesCreate, TaskTypesPut
+from engine.ledger.params import SchedulesCreate, TaskTypesPut
 from engine.model import Execution, ExecutionStatus, HandlerKind, OverlapPolicy, Schedule, TaskType
 from tests.actors import overlap_handlers
 from tests.actors.harness import START, TEST_TENANTS, all_executions, cluster, within

@@ -13,7 +13,8 @@ from engine.actors.overlap import OverlapGuard
 from engine.actors.partitions import PartitionTable
 from engine.actors.schedule_cache import ScheduleCache
 from engine.core.fair_queue import FairQueue
-from engine.ledger.base import (
+from engine.ledger.memory import MemoryLedger
+from engine.ledger.params import (
     ExecutionsPlan,
     ExecutionsQuery,
     Fence,
@@ -22,7 +23,6 @@ from engine.ledger.base import (
     SchedulesCreate,
     TaskTypesPut,
 )
-from engine.ledger.memory import MemoryLedger
 from engine.model import Execution, ExecutionStatus, HandlerKind, OverlapPolicy, Schedule, TaskType
 from engine.testing import SkewedClock
 from tests.actors.harness import START, node_context

@@ -21,7 +21,7 @@ import trio
 import trio.testing
 
 from engine.handlers import ExecutionContext, HandlerResult
-from engine.ledger.base import TaskTypesPut
+from engine.ledger.params import TaskTypesPut
 from engine.model import Execution, ExecutionStatus, HandlerKind, OverlapPolicy, TaskType
 from tests.actors.harness import (
     START,

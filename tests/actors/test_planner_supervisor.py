@@ -20,12 +20,8 @@ from engine.actors.planner_supervisor import PlannerSupervisor
 from engine.actors.planning_gate import LOAD_HOLD_MAX_S, WRITES_IN_PARALLEL
 from engine.core.hashing import partition_of
 from engine.core.timetable import TimetableCache
-from engine.ledger.base import (
-    Fence,
-    LeasesAcquire,
-    SchedulesPlannable,
-)
 from engine.ledger.memory import MemoryLedger
+from engine.ledger.params import Fence, LeasesAcquire, SchedulesPlannable
 from engine.model import Schedule
 from engine.testing import FaultyLedger, SkewedClock
 from tests.actors.harness import START, create, node_context

@@ -12,7 +12,7 @@ import trio
 from engine.clock import SystemClock
 from engine.config import NodeConfig
 from engine.core.timetable import Timetable
-from engine.ledger.base import ExecutionsQuery, SchedulesCreate
+from engine.ledger.params import ExecutionsQuery, SchedulesCreate
 from engine.ledger.postgres import open_postgres_ledger
 from engine.model import Schedule
 from engine.node import Node

@@ -9,7 +9,7 @@ from datetime import timedelta
 import trio
 import trio.testing
 
-from engine.ledger.base import RegionFailover
+from engine.ledger.params import RegionFailover
 from tests.actors.harness import (
     PARTITIONS,
     START,

@@ -9,7 +9,8 @@ import trio
 
 from engine.actors.partitions import PartitionTable
 from engine.actors.retention import RetentionConfig, RetentionKeeper
-from engine.ledger.base import (
+from engine.ledger.memory import MemoryLedger
+from engine.ledger.params import (
     Completion,
     ExecutionsBackfill,
     ExecutionsClaim,
@@ -23,7 +24,6 @@ from engine.ledger.base import (
     ScheduleChangesSince,
     SchedulesCreate,
 )
-from engine.ledger.memory import MemoryLedger
 from engine.model import ExecutionStatus, Schedule, execution_id
 from engine.testing import ManualClock
 from tests.actors.harness import node_context

@@ -6,8 +6,8 @@ import trio
 import trio.testing
 
 from engine.actors.schedule_cache import ScheduleCache
-from engine.ledger.base import SchedulesCreate
 from engine.ledger.memory import MemoryLedger
+from engine.ledger.params import SchedulesCreate
 from engine.model import Schedule
 from engine.testing import SkewedClock
 from tests.actors.harness import START

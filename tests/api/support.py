@@ -19,7 +19,8 @@ from starlette.applications import Starlette
 
 from engine.api.app import ApiContext, create_app
 from engine.api.auth import Authenticator, new_token
-from engine.ledger.base import (
+from engine.ledger.base import Ledger
+from engine.ledger.params import (
     Completion,
     ExecutionsClaim,
     ExecutionsComplete,
@@ -27,7 +28,6 @@ from engine.ledger.base import (
     ExecutionsTrigger,
     Fence,
     LeasesAcquire,
-    Ledger,
     Outcome,
     PlannedExecution,
     TaskTypesPut,

@@ -10,7 +10,7 @@ import pytest
 
 from engine.core import load_forecast
 from engine.core.redaction import fingerprint
-from engine.ledger.base import AuditQuery, LeasesAcquire, NodesHeartbeat
+from engine.ledger.params import AuditQuery, LeasesAcquire, NodesHeartbeat
 from engine.model import SETTINGS_BYTES_MAX, AuditAction
 from tests.api.support import PARTITIONS, TASK_TYPE, Api, assert_problem
 

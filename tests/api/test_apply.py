@@ -9,7 +9,7 @@ import httpx
 import trio
 
 from engine.core import redaction
-from engine.ledger.base import AuditQuery, ScheduleChangesSince, TenantsPut
+from engine.ledger.params import AuditQuery, ScheduleChangesSince, TenantsPut
 from engine.model import Tenant
 from tests.api.support import TASK_TYPE, Api, assert_problem
 

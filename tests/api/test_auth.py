@@ -19,7 +19,7 @@ from engine.api.auth import (
 )
 from engine.api.endpoint import Access, Endpoint
 from engine.api.problems import Problem
-from engine.ledger.base import TokensCreate, TokensRevoke
+from engine.ledger.params import TokensCreate, TokensRevoke
 from engine.model import ApiToken
 from engine.testing import FaultyLedger, ManualClock
 from tests.api.support import (

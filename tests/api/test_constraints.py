@@ -21,7 +21,7 @@ import pytest
 from engine.api.app import endpoints
 from engine.api.openapi import openapi_document
 from engine.api.schemas import INSTANT_MAX, INSTANT_MIN, INSTANT_YEARS, NO_NUL
-from engine.ledger.base import TaskTypesPut
+from engine.ledger.params import TaskTypesPut
 from engine.model import IDENTIFIER_PATTERN, HandlerKind, TaskType
 from tests.api.schema_strategies import inline
 from tests.api.support import Api

@@ -7,7 +7,8 @@ from datetime import timedelta
 import pytest
 
 from engine.core.instants import format_utc
-from engine.ledger.base import AuditQuery, encode_cursor
+from engine.ledger.common import encode_cursor
+from engine.ledger.params import AuditQuery
 from tests.api.support import Api, assert_problem, walk_pages
 
 RECENT = "2026-02-01T00:00:00Z"

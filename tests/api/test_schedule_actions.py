@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from engine.core.instants import format_utc
-from engine.ledger.base import (
+from engine.ledger.params import (
     BATCH_ROWS_MAX,
     SCHEDULE_DELETED,
     SCHEDULE_PAUSED,

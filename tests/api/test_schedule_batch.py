@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from engine.api.endpoint import BATCH_BODY_BYTES_MAX
-from engine.ledger.base import BATCH_ROWS_MAX, TenantsPut
+from engine.ledger.params import BATCH_ROWS_MAX, TenantsPut
 from engine.model import PAYLOAD_BYTES_MAX, Tenant
 from tests.api.support import TASK_TYPE, Api, assert_problem
 

@@ -9,7 +9,7 @@ import pytest
 
 from engine.api.endpoint import BODY_BYTES_MAX
 from engine.errors import NotFound
-from engine.ledger.base import SCHEDULE_DELETED, ExecutionsQuery
+from engine.ledger.params import SCHEDULE_DELETED, ExecutionsQuery
 from engine.model import PAYLOAD_BYTES_MAX, ExecutionStatus
 from tests.api.support import TASK_TYPE, Api, assert_problem, walk_pages
 

@@ -17,7 +17,7 @@ import trio
 from engine.api.auth import new_token
 from engine.clock import SystemClock
 from engine.config import NodeConfig
-from engine.ledger.base import TokensCreate
+from engine.ledger.params import TokensCreate
 from engine.ledger.postgres import open_postgres_ledger
 from engine.model import ApiToken
 from engine.node import Node

@@ -22,14 +22,14 @@ from engine.api.app import ApiConfig, ApiContext
 from engine.api.auth import Authenticator, new_token, scope_of
 from engine.api.server import ApiServer
 from engine.cli import main
-from engine.ledger.base import (
+from engine.ledger.base import Ledger
+from engine.ledger.params import (
     Completion,
     ExecutionsClaim,
     ExecutionsComplete,
     ExecutionsPlan,
     Fence,
     LeasesAcquire,
-    Ledger,
     Outcome,
     PlannedExecution,
     SchedulesCreate,

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from engine.core.redaction import fingerprint
-from engine.ledger.base import LeasesAcquire, SchedulesCreate, SchedulesDelete
+from engine.ledger.params import LeasesAcquire, SchedulesCreate, SchedulesDelete
 from engine.model import HandlerKind, OverlapPolicy, Schedule, TaskType
 from tests.cli.conftest import Api
 from tests.cli.harness import Cli

@@ -12,7 +12,8 @@ import pytest
 
 from engine.core.instants import format_utc
 from engine.errors import NotFound
-from engine.ledger.base import AuditQuery, Ledger, SchedulesDelete
+from engine.ledger.base import Ledger
+from engine.ledger.params import AuditQuery, SchedulesDelete
 from engine.model import ExecutionStatus
 from tests.cli.conftest import Api
 from tests.cli.harness import LETTERS, Cli, dead_letters

@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from engine.ledger.base import SchedulesList
+from engine.ledger.params import SchedulesList
 from tests.cli.conftest import Api
 from tests.cli.harness import Cli
 

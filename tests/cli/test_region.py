@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from engine.ledger.base import AuditQuery, LeasesAcquire, NodesHeartbeat, RegionFailover
+from engine.ledger.params import AuditQuery, LeasesAcquire, NodesHeartbeat, RegionFailover
 from engine.ledger.postgres import open_postgres_ledger
 from engine.model import AuditAction
 from tests.cli.harness import Cli

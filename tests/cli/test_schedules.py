@@ -8,7 +8,7 @@ import re
 import msgspec
 import pytest
 
-from engine.ledger.base import ExecutionsQuery, SchedulesList
+from engine.ledger.params import ExecutionsQuery, SchedulesList
 from engine.model import CatchUpPolicy, OverlapPolicy
 from tests.cli.conftest import Api
 from tests.cli.harness import Cli

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine.api.auth import TOKEN_CACHE_TTL_S
-from engine.ledger.base import AuditQuery
+from engine.ledger.params import AuditQuery
 from tests.cli.conftest import Api
 from tests.cli.harness import Cli
 

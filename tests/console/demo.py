@@ -23,14 +23,14 @@ import msgspec
 
 from engine.api.auth import new_token
 from engine.core.timetable import Timetable
-from engine.ledger.base import (
+from engine.ledger.base import Ledger
+from engine.ledger.params import (
     Completion,
     ExecutionsClaim,
     ExecutionsComplete,
     ExecutionsPlan,
     Fence,
     LeasesAcquire,
-    Ledger,
     NodesHeartbeat,
     Outcome,
     PlannedExecution,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Final
 
 from engine.api.schedule_input import paused
-from engine.ledger.base import SchedulesUpdate
+from engine.ledger.params import SchedulesUpdate
 from tests.console.browser import chromium, new_page, sign_in
 from tests.console.live import LiveNode, chromium_path
 

@@ -4,7 +4,7 @@ through ``/v1``."""
 
 from __future__ import annotations
 
-from engine.ledger.base import AuditQuery, ExecutionsQuery
+from engine.ledger.params import AuditQuery, ExecutionsQuery
 from engine.model import ExecutionStatus
 from tests.console.support import Console
 

@@ -13,7 +13,7 @@ from engine.api.console.cluster import overview_charts
 from engine.api.console.executions import instant_text
 from engine.api.console.schedules import next_transitions
 from engine.api.console.web import safe_return_path
-from engine.ledger.base import ExecutionsBucket
+from engine.ledger.params import ExecutionsBucket
 
 T0 = datetime(2026, 3, 27, 13, 0, tzinfo=UTC)
 MINUTES = [T0 + timedelta(minutes=i) for i in range(4)]

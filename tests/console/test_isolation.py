@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.ledger.base import (
+from engine.ledger.params import (
     Completion,
     ExecutionsClaim,
     ExecutionsComplete,

@@ -7,7 +7,7 @@ import re
 from datetime import timedelta
 
 from engine.core.instants import format_utc
-from engine.ledger.base import ExecutionsBackfill, NodesHeartbeat, SchedulesCreate
+from engine.ledger.params import ExecutionsBackfill, NodesHeartbeat, SchedulesCreate
 from engine.model import Schedule
 from tests.console.support import Console, assert_secured
 

@@ -22,7 +22,8 @@ from engine.config import (
     NodeConfig,
 )
 from engine.errors import LedgerUnavailable, NotFound
-from engine.ledger.base import Ledger, TokensRevoke
+from engine.ledger.base import Ledger
+from engine.ledger.params import TokensRevoke
 from engine.node import Node
 from engine.testing import FaultyLedger, ManualClock
 from tests.api.support import START, memory_ledger, prepare_ledger, serve

@@ -6,6 +6,8 @@ from datetime import UTC, datetime
 
 import msgspec
 
+from engine.model import ExecutionStatus
+
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -15,3 +17,4 @@ class Item(msgspec.Struct, frozen=True):
     task_type: str = "noop"
     planned_at: datetime = T0
     not_before: datetime | None = None
+    status: ExecutionStatus = ExecutionStatus.QUEUED

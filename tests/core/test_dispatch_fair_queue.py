@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from engine.core.dispatch import CapExceeded, ConcurrencyLimits
 from engine.core.fair_queue import WEIGHT_MAX, FairQueue, PushOutcome
-from engine.model import Execution, execution_id
+from engine.model import Execution, ExecutionStatus, execution_id
 from tests.core.queued_items import T0, Item
 
 
@@ -125,10 +125,28 @@ def test_weights_are_validated() -> None:
 # -- due instants and order within a tenant ------------------------------------------------
 
 
+def test_an_execution_that_may_not_start_is_refused() -> None:
+    queue: FairQueue[Item] = FairQueue()
+    for status in (ExecutionStatus.RUNNING, ExecutionStatus.SUCCEEDED, ExecutionStatus.SKIPPED):
+        with pytest.raises(ValueError, match="only a queued or failed one can start"):
+            queue.push(Item(f"e-{status}", "A", status=status))
+    assert queue.pop(at(100)) is None
+
+
+def test_a_retry_is_due_at_its_retry_instant_even_before_its_planned_one() -> None:
+    queue: FairQueue[Item] = FairQueue()
+    queue.push(
+        Item("retry", "A", status=ExecutionStatus.FAILED, planned_at=at(10), not_before=at(5))
+    )
+    assert queue.next_due_at() == at(5)
+
+
 def test_nothing_is_released_before_its_due_instant() -> None:
     queue: FairQueue[Item] = FairQueue()
     queue.push(Item("later", "A", planned_at=at(10)))
-    queue.push(Item("retry", "A", planned_at=at(0), not_before=at(5)))
+    queue.push(
+        Item("retry", "A", status=ExecutionStatus.FAILED, planned_at=at(0), not_before=at(5))
+    )
     assert queue.pop(at(4.999)) is None
     assert queue.next_due_at() == at(5)
     item = queue.pop(at(5))

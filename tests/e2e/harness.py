@@ -24,7 +24,8 @@ import trio
 from engine.clock import SystemClock
 from engine.config import NodeConfig
 from engine.core.timetable import Timetable
-from engine.ledger.base import ExecutionsQuery, Ledger, SchedulesCreate, TaskTypesPut
+from engine.ledger.base import Ledger
+from engine.ledger.params import ExecutionsQuery, SchedulesCreate, TaskTypesPut
 from engine.ledger.postgres import open_postgres_ledger
 from engine.model import Execution, HandlerKind, Schedule, TaskType
 from engine.node import Node

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 import trio
 
-from engine.ledger.base import AuditQuery, TokensCreate
+from engine.ledger.params import AuditQuery, TokensCreate
 from engine.model import ApiToken
 from tests.ledger.backends import START, memory_backend, postgres_backend
 

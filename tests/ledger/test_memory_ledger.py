@@ -20,7 +20,9 @@ import trio
 import trio.testing
 
 from engine.errors import ConfigError, InvalidField
-from engine.ledger.base import (
+from engine.ledger.base import Ledger
+from engine.ledger.memory import MemoryLedger
+from engine.ledger.params import (
     Completion,
     ExecutionsClaim,
     ExecutionsComplete,
@@ -28,14 +30,12 @@ from engine.ledger.base import (
     ExecutionsPlan,
     Fence,
     LeasesAcquire,
-    Ledger,
     Outcome,
     PlannedExecution,
     ScheduleChangesSince,
     SchedulesCreate,
     TaskTypesPut,
 )
-from engine.ledger.memory import MemoryLedger
 from engine.model import ExecutionStatus, HandlerKind, Schedule, TaskType, execution_id
 from engine.testing import ManualClock, SkewedClock
 

@@ -26,7 +26,9 @@ import pytest
 import trio
 
 from engine.errors import LedgerUnavailable, NotFound, QuotaExceeded, VersionConflict
-from engine.ledger.base import (
+from engine.ledger.bridge import DatabaseBridge
+from engine.ledger.database import url_with_database
+from engine.ledger.params import (
     Completion,
     DeadLettersReplay,
     ExecutionsClaim,
@@ -52,8 +54,6 @@ from engine.ledger.base import (
     TokensCreate,
     TokensRevoke,
 )
-from engine.ledger.bridge import DatabaseBridge
-from engine.ledger.database import url_with_database
 from engine.ledger.postgres import (
     PostgresLedger,
     migrate_database,

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import trio
 import trio.testing
 
-from engine.ledger.base import Fence
+from engine.ledger.params import Fence
 from engine.model import Execution, ExecutionStatus, Lease, execution_id
 from simulations.bound import DelayBound
 from simulations.check_fires import FireChecker

@@ -18,7 +18,8 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from engine.ledger.base import (
+from engine.ledger.memory import MemoryLedger
+from engine.ledger.params import (
     Fence,
     LeasesAcquire,
     RegionFailover,
@@ -27,7 +28,6 @@ from engine.ledger.base import (
     SchedulesList,
     TaskTypesPut,
 )
-from engine.ledger.memory import MemoryLedger
 from engine.model import Execution, ExecutionStatus, HandlerKind, Lease, Schedule, TaskType
 from engine.testing.clock import ManualClock
 from simulations import scenario

@@ -34,7 +34,7 @@ from engine.api.console.charts import Chart, bar_chart, heat_map, line_chart
 from engine.api.console.web import Visit, window
 from engine.api.schemas import ClusterView, Forecast
 from engine.core.instants import format_utc
-from engine.ledger.base import ExecutionsBucket, ExecutionsStats
+from engine.ledger.params import ExecutionsBucket, ExecutionsStats
 
 OVERVIEW_MINUTES: Final = 60
 FORECAST_HOURS: Final = (1, 3, 6, 12, 24)

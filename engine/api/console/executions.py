@@ -26,7 +26,7 @@ from engine.api import problems, routes_admin, routes_executions
 from engine.api.console.schedules import reason_body, start_delay_s
 from engine.api.console.web import Visit, safe_return_path, with_notice
 from engine.core.instants import format_utc
-from engine.ledger.base import ExecutionDetail, Page
+from engine.ledger.params import ExecutionDetail, Page
 from engine.model import Execution, ExecutionStatus, Tenant
 
 PAGE_ROWS: Final = 100

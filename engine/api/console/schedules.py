@@ -27,7 +27,7 @@ from engine.api.console.web import Visit, safe_return_path, segment, with_notice
 from engine.api.schemas import Preview, PreviewFire, ReasonIn
 from engine.core.instants import format_utc
 from engine.core.zones import load_zone
-from engine.ledger.base import Page
+from engine.ledger.params import Page
 from engine.model import Execution, Schedule
 
 PAGE_ROWS: Final = 50

@@ -56,7 +56,7 @@ from engine.api.console.web import (
 )
 from engine.api.problems import Problem
 from engine.errors import CarillonError, NotFound
-from engine.ledger.base import SessionsCreate
+from engine.ledger.params import SessionsCreate
 
 log = logging.getLogger("carillon.api.console")
 

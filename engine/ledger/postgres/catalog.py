@@ -9,27 +9,34 @@ postgres.sql` (task types and tenants), and a foreign key backs it in the schema
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
-
 import asyncpg
 
-from engine.errors import InUse, NotFound, VersionConflict
-from engine.ledger.base import IN_USE_SHOWN_MAX, TaskTypesPut, TenantsPut, task_type_in_use
-from engine.ledger.common import lost_users, task_type_grant_in_use, task_type_runs_in_use
+from engine.errors import InUse
+from engine.ledger.common import (
+    IN_USE_SHOWN_MAX,
+    TENANT_DEFAULTS,
+    lost_users,
+    not_found,
+    task_type_grant_in_use,
+    task_type_in_use,
+    task_type_runs_in_use,
+    version_conflict,
+)
+from engine.ledger.params import TaskTypesPut, TenantsPut
 from engine.ledger.postgres import sql
 from engine.ledger.postgres.rows import task_type_from_row, tenant_from_row
 from engine.ledger.postgres.store import Store
-from engine.model import TaskType, Tenant, validate_task_type, validate_tenant
+from engine.model import TaskType, Tenant
 
 
 async def task_types_put(store: Store, params: TaskTypesPut) -> TaskType:
-    task_type = validate_task_type(params.task_type)
+    task_type = params.checked().task_type
     overlap = None if task_type.overlap is None else str(task_type.overlap)
     async with store.transaction() as connection:
         current = await connection.fetchrow(sql.TASK_TYPE_LOCK_FOR_CHANGE, task_type.name)
         version = None if current is None else current["version"]
         if params.expected_version is not None and params.expected_version != (version or 0):
-            _raise_conflict("task type", task_type.name, version, params.expected_version)
+            raise version_conflict("task type", task_type.name, version, params.expected_version)
         if current is not None and lost_users(task_type_from_row(current), task_type):
             keeps = [task_type.tenant_id] if task_type.tenant_id is not None else []
             keeps += list(task_type.allowed_tenants or ())
@@ -54,7 +61,7 @@ async def task_types_put(store: Store, params: TaskTypesPut) -> TaskType:
             list(task_type.allowed_tenants or ()),
         )
         if row is None:  # pragma: no cover - the lock rules it out
-            _raise_conflict("task type", task_type.name, version, params.expected_version)
+            raise version_conflict("task type", task_type.name, version, params.expected_version)
     return task_type_from_row(row)
 
 
@@ -62,7 +69,7 @@ async def task_types_get(store: Store, name: str) -> TaskType:
     async with store.connection() as connection:
         row = await connection.fetchrow(sql.TASK_TYPE_GET, name)
     if row is None:
-        raise NotFound(f"task type {name!r} does not exist")
+        raise not_found("task type", name)
     return task_type_from_row(row)
 
 
@@ -75,7 +82,7 @@ async def task_types_list(store: Store, _: None) -> list[TaskType]:
 async def task_types_delete(store: Store, name: str) -> TaskType:
     async with store.transaction() as connection:
         if await connection.fetchval(sql.TASK_TYPE_LOCK_FOR_DELETE, name) is None:
-            raise NotFound(f"task type {name!r} does not exist")
+            raise not_found("task type", name)
         # A later statement than the lock: it sees every schedule committed while we waited.
         users = await connection.fetch(sql.TASK_TYPE_USERS, name, IN_USE_SHOWN_MAX)
         if users:
@@ -95,7 +102,7 @@ async def task_types_delete(store: Store, name: str) -> TaskType:
 
 
 async def tenants_put(store: Store, params: TenantsPut) -> Tenant:
-    tenant = validate_tenant(params.tenant)
+    tenant = params.checked().tenant
     async with store.connection() as connection:
         row = await connection.fetchrow(
             sql.TENANT_PUT,
@@ -109,7 +116,7 @@ async def tenants_put(store: Store, params: TenantsPut) -> Tenant:
         )
         if row is None:
             current = await connection.fetchval(sql.TENANT_VERSION, tenant.tenant_id)
-            _raise_conflict("tenant", tenant.tenant_id, current, params.expected_version)
+            raise version_conflict("tenant", tenant.tenant_id, current, params.expected_version)
     return tenant_from_row(row)
 
 
@@ -117,7 +124,7 @@ async def tenants_get(store: Store, tenant_id: str) -> Tenant:
     async with store.connection() as connection:
         row = await connection.fetchrow(sql.TENANT_GET, tenant_id)
     if row is None:
-        raise NotFound(f"tenant {tenant_id!r} has no stored settings (it has the defaults)")
+        raise not_found("tenant", tenant_id, TENANT_DEFAULTS)
     return tenant_from_row(row)
 
 
@@ -125,10 +132,3 @@ async def tenants_list(store: Store, _: None) -> list[Tenant]:
     async with store.connection() as connection:
         rows = await connection.fetch(sql.TENANTS_LIST)
     return [tenant_from_row(row) for row in rows]
-
-
-def _raise_conflict(what: str, key: str, current: Any, expected: int | None) -> NoReturn:
-    state = "does not exist" if current is None else f"is at version {current}"
-    raise VersionConflict(
-        f"{what} {key!r} {state}, not version {expected}; re-read it and apply the change again"
-    )

@@ -1,4 +1,4 @@
-"""Cluster settings, partition leases, node membership and planner checkpoints (asyncio side).
+"""Cluster settings, the region failover, partition leases and node membership (asyncio side).
 
 Lease expiry and heartbeats are judged by the server's ``now()`` only. Lease rows are locked
 in partition order by every statement that locks several (see :mod:`~engine.ledger.
@@ -11,8 +11,10 @@ from datetime import datetime
 
 import asyncpg
 
-from engine.errors import ConfigError, InvalidField
-from engine.ledger.base import (
+from engine.errors import ConfigError
+from engine.ledger.checks import check_partitions, check_planner_lags
+from engine.ledger.common import region_failover_details
+from engine.ledger.params import (
     ClusterSettings,
     LeasesAcquire,
     LeasesRelease,
@@ -21,29 +23,13 @@ from engine.ledger.base import (
     NodesHeartbeat,
     RegionChange,
     RegionFailover,
-    validate_region,
-)
-from engine.ledger.common import (
-    check_clock_offset,
-    check_planner_lags,
-    region_failover_details,
 )
 from engine.ledger.postgres import sql
-from engine.ledger.postgres.rows import (
-    check_duration,
-    check_not_empty,
-    checkpoint_from_row,
-    lease_from_row,
-    node_from_row,
-    unique,
-)
+from engine.ledger.postgres.rows import lease_from_row, node_from_row
 from engine.ledger.postgres.store import Store
 from engine.model import (
     AuditAction,
     Lease,
-    PlannerCheckpoint,
-    validate_actor,
-    validate_reason,
 )
 
 
@@ -70,9 +56,8 @@ def _settings_from_row(row: asyncpg.Record) -> ClusterSettings:
 
 
 async def region_failover(store: Store, params: RegionFailover) -> RegionChange:
-    region = validate_region(params.to_region)
-    actor = validate_actor(params.actor)
-    reason = validate_reason(params.reason)
+    params = params.checked()
+    region, actor, reason = params.to_region, params.actor, params.reason
     async with store.transaction(control=True) as connection:
         row = await connection.fetchrow(sql.REGION_LOCK)
         if row is None:
@@ -93,15 +78,9 @@ async def region_failover(store: Store, params: RegionFailover) -> RegionChange:
 
 
 async def leases_acquire(store: Store, params: LeasesAcquire) -> list[Lease]:
-    check_not_empty(params.owner_id, field="owner_id")
-    ttl_s = check_duration(params.ttl_s, field="ttl_s")
-    partitions = sorted(set(params.partition_ids))
-    unknown = [p for p in partitions if not 0 <= p < store.partition_count]
-    if unknown:
-        raise InvalidField(
-            f"partition(s) {unknown} do not exist; this cluster has partitions "
-            f"0-{store.partition_count - 1}"
-        )
+    params = params.checked()
+    ttl_s = params.ttl_s
+    partitions = check_partitions(params.partition_ids, store.partition_count)
     if not partitions:
         return []
     async with store.connection(control=True) as connection:
@@ -112,7 +91,7 @@ async def leases_acquire(store: Store, params: LeasesAcquire) -> list[Lease]:
 
 
 async def leases_renew(store: Store, params: LeasesRenew) -> list[Lease]:
-    ttl_s = check_duration(params.ttl_s, field="ttl_s")
+    ttl_s = params.checked().ttl_s
     if not params.fences:
         return []
     async with store.connection(control=True) as connection:
@@ -135,9 +114,8 @@ async def leases_list(store: Store, _: None) -> list[Lease]:
 
 
 async def nodes_heartbeat(store: Store, params: NodesHeartbeat) -> NodeInfo:
-    check_not_empty(params.node_id, field="node_id")
-    ttl_s = check_duration(params.ttl_s, field="ttl_s")
-    offset_s = check_clock_offset(params.clock_offset_s)
+    params = params.checked()
+    ttl_s, offset_s = params.ttl_s, params.clock_offset_s
     lags = check_planner_lags(params.planner_lag_s, store.partition_count)
     async with store.connection(control=True) as connection:
         row = await connection.fetchrow(
@@ -160,14 +138,6 @@ async def nodes_live(store: Store, _: None) -> list[NodeInfo]:
 async def nodes_leave(store: Store, node_id: str) -> None:
     async with store.connection(control=True) as connection:
         await connection.execute(sql.NODES_LEAVE, node_id)
-
-
-async def checkpoints_get(store: Store, partition_ids: list[int]) -> list[PlannerCheckpoint]:
-    if not partition_ids:
-        return []
-    async with store.connection(control=True) as connection:
-        rows = await connection.fetch(sql.CHECKPOINTS_GET, unique(partition_ids))
-    return [checkpoint_from_row(row) for row in rows]
 
 
 def _fence_columns(params: LeasesRenew | LeasesRelease) -> tuple[list[int], list[str], list[int]]:

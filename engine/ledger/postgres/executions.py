@@ -1,4 +1,6 @@
-"""Planning and execution operations (asyncio side; one coroutine per ledger method).
+"""Planning, dispatch and the execution history (asyncio side; one coroutine per ledger
+method): checkpoints, plan, due, claim, extend, complete, skip, re-queue, get, query,
+statistics and retention.
 
 Every ownership-dependent operation either runs entirely under valid leases or changes
 nothing: multi-statement ones open their transaction with
@@ -10,26 +12,37 @@ colon), so a misrouted id is refused before any round trip.
 
 Results list ids in the order the caller gave them, without repeats. A claim's statements,
 with the cluster-wide concurrency caps, are in :mod:`~engine.ledger.postgres.caps`;
-dead-letter replay and the audit trail in :mod:`~engine.ledger.postgres.audit`.
+dead-letter replay and the audit trail in :mod:`~engine.ledger.postgres.audit`. Every input is
+checked by its parameter object first (``params.checked()``, shared with the memory
+ledger); which executions may start is the SQL column ``startable_at``, the mirror of
+:func:`~engine.model.startable_at`.
 """
 
 from __future__ import annotations
 
 import functools
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import asyncpg
 
-from engine.core.hashing import partition_of
-from engine.core.instants import format_utc, parse_instant
-from engine.errors import InvalidField, LeaseLost, NotFound
-from engine.ledger.base import (
-    BATCH_ROWS_MAX,
-    PAGE_SIZE_MAX,
+from engine.errors import LeaseLost
+from engine.ledger.checks import (
+    check_executions_routed,
+    check_schedules_routed,
+    execution_partition,
+    unique,
+)
+from engine.ledger.common import (
+    decode_planned_cursor,
+    encode_planned_cursor,
+    not_found,
+)
+from engine.ledger.params import (
     Attempt,
     CompleteResult,
     ExecutionDetail,
+    ExecutionsBucket,
     ExecutionsClaim,
     ExecutionsComplete,
     ExecutionsDue,
@@ -39,52 +52,41 @@ from engine.ledger.base import (
     ExecutionsQuery,
     ExecutionsRequeueExpired,
     ExecutionsSkip,
+    ExecutionsStats,
     Fence,
-    Outcome,
     Page,
     PlanResult,
     ScheduleAdvance,
-    decode_cursor,
-    encode_cursor,
 )
-from engine.ledger.postgres import caps, sql, sql_executions
+from engine.ledger.postgres import caps, sql, sql_api, sql_executions
 from engine.ledger.postgres.fencing import check_held, fence_arrays, require_fences
 from engine.ledger.postgres.rows import (
     attempt_from_row,
-    aware,
-    aware_or_none,
-    check_batch,
-    check_duration,
-    check_limit,
+    checkpoint_from_row,
     execution_from_columns,
     in_order,
     int_array,
     text_array,
     timestamptz_array,
-    unique,
 )
 from engine.ledger.postgres.store import Store
-from engine.model import Execution, ExecutionStatus, execution_id, parse_execution_id
+from engine.model import Execution, ExecutionStatus, PlannerCheckpoint, execution_id
 
-_PLANNABLE = frozenset({ExecutionStatus.QUEUED, ExecutionStatus.SKIPPED})
-_OUTCOMES: Final = frozenset(str(outcome) for outcome in Outcome)
+
+async def checkpoints_get(store: Store, partition_ids: list[int]) -> list[PlannerCheckpoint]:
+    if not partition_ids:
+        return []
+    async with store.connection(control=True) as connection:
+        rows = await connection.fetch(sql.CHECKPOINTS_GET, unique(partition_ids))
+    return [checkpoint_from_row(row) for row in rows]
 
 
 async def executions_plan(store: Store, params: ExecutionsPlan) -> PlanResult:
+    params = params.checked()
     fence, planned, advances = params.fence, params.executions, params.advances
-    check_batch(planned, BATCH_ROWS_MAX, what="executions")
-    check_batch(advances, BATCH_ROWS_MAX, what="schedule advances")
     named = [p.schedule_id for p in planned] + [a.schedule_id for a in advances]
-    _check_partition(named, {fence.partition_id}, store.partition_count, what="schedule")
-    for fire in planned:
-        aware(fire.planned_at, field="planned_at")
-        if fire.status not in _PLANNABLE:
-            raise InvalidField(f"a planned execution is queued or skipped, not {fire.status}")
-        if fire.status == ExecutionStatus.SKIPPED and fire.error_code is None:
-            raise InvalidField("a skipped execution must carry an error_code saying why")
-    for advance in advances:
-        aware_or_none(advance.next_run_at, field="next_run_at")
-    checkpoint = aware_or_none(params.checkpoint, field="checkpoint")
+    check_schedules_routed(named, [fence.partition_id], store.partition_count)
+    checkpoint = params.checkpoint
     ids = [execution_id(fire.schedule_id, fire.planned_at) for fire in planned]
 
     inserted: list[str] = []
@@ -154,14 +156,13 @@ _NO_CURSOR: Final = (datetime(1, 1, 1, tzinfo=UTC), "")
 
 
 async def executions_due(store: Store, params: ExecutionsDue) -> list[Execution]:
-    limit = check_limit(params.limit, PAGE_SIZE_MAX)
-    before = aware(params.before, field="before")
+    params = params.checked()
+    limit, before = params.limit, params.before
     if not params.partition_ids:
         return []
     after_at, after_id = _NO_CURSOR
     if params.after is not None:
-        after_at = aware(params.after.startable_at, field="after.startable_at")
-        after_id = params.after.execution_id
+        after_at, after_id = params.after.startable_at, params.after.execution_id
     arguments: list[object] = [unique(params.partition_ids), before, limit, after_at, after_id]
     statement = sql_executions.EXECUTIONS_DUE
     if params.tenant_id is not None:
@@ -173,8 +174,8 @@ async def executions_due(store: Store, params: ExecutionsDue) -> list[Execution]
 
 
 async def executions_claim(store: Store, params: ExecutionsClaim) -> list[Execution]:
-    check_batch(params.execution_ids, BATCH_ROWS_MAX, what="execution ids")
-    lease_s = check_duration(params.attempt_lease_s, field="attempt_lease_s")
+    params = params.checked()
+    lease_s = params.attempt_lease_s
     ids = unique(params.execution_ids)
     tokens = _tokens(params.fences)
     _check_routed(ids, tokens.keys(), store.partition_count)
@@ -207,8 +208,8 @@ async def executions_claim(store: Store, params: ExecutionsClaim) -> list[Execut
 
 
 async def executions_extend(store: Store, params: ExecutionsExtend) -> list[str]:
-    check_batch(params.attempts, BATCH_ROWS_MAX, what="attempts")
-    lease_s = check_duration(params.attempt_lease_s, field="attempt_lease_s")
+    params = params.checked()
+    lease_s = params.attempt_lease_s
     pairs = unique((ref.execution_id, ref.attempt) for ref in params.attempts)
     tokens = _tokens(params.fences)
     ids = [execution_id_ for execution_id_, _ in pairs]
@@ -229,16 +230,11 @@ async def executions_extend(store: Store, params: ExecutionsExtend) -> list[str]
 
 
 async def executions_complete(store: Store, params: ExecutionsComplete) -> CompleteResult:
+    params = params.checked()
     completions = params.completions
-    check_batch(completions, BATCH_ROWS_MAX, what="completions")
     tokens = _tokens(params.fences)
     ids = [c.execution_id for c in completions]
     _check_routed(ids, tokens.keys(), store.partition_count)
-    for completion in completions:
-        if completion.outcome not in _OUTCOMES:
-            raise InvalidField(f"unknown outcome {completion.outcome!r}")
-        if completion.not_before is not None:
-            aware(completion.not_before, field="not_before")
     # Of repeated (id, attempt) pairs the first is tried; at most one attempt per id matches.
     if len(set(ids)) == len(ids):
         distinct = completions  # no id twice, so no pair twice (the rule)
@@ -277,9 +273,7 @@ async def executions_complete(store: Store, params: ExecutionsComplete) -> Compl
 
 
 async def executions_skip(store: Store, params: ExecutionsSkip) -> list[str]:
-    check_batch(params.execution_ids, BATCH_ROWS_MAX, what="execution ids")
-    if not params.error_code:
-        raise InvalidField("a skipped execution must carry an error_code saying why")
+    params = params.checked()
     ids = unique(params.execution_ids)
     tokens = _tokens(params.fences)
     _check_routed(ids, tokens.keys(), store.partition_count)
@@ -299,7 +293,7 @@ async def executions_skip(store: Store, params: ExecutionsSkip) -> list[str]:
 
 
 async def executions_requeue_expired(store: Store, params: ExecutionsRequeueExpired) -> list[str]:
-    limit = check_limit(params.limit, BATCH_ROWS_MAX)
+    limit = params.checked().limit
     tokens = _tokens(params.fences)
     async with store.transaction() as connection:
         await require_fences(connection, params.fences)
@@ -315,7 +309,7 @@ async def executions_get(store: Store, execution_id_: str) -> ExecutionDetail:
     async with store.transaction(readonly=True) as connection:
         row = await connection.fetchrow(sql_executions.EXECUTION_GET, execution_id_)
         if row is None:
-            raise NotFound(f"execution {execution_id_!r} does not exist")
+            raise not_found("execution", execution_id_)
         attempts = await connection.fetch(sql_executions.ATTEMPTS_GET, execution_id_)
     execution = execution_from_columns(row)
     history = [attempt_from_row(a) for a in attempts]
@@ -337,18 +331,19 @@ async def executions_get(store: Store, execution_id_: str) -> ExecutionDetail:
 
 
 async def executions_query(store: Store, params: ExecutionsQuery) -> Page[Execution]:
-    limit = check_limit(params.limit, PAGE_SIZE_MAX)
-    after = _execution_cursor(params.cursor)
+    params = params.checked()
+    limit = params.limit
+    after = None if params.cursor is None else decode_planned_cursor(params.cursor)
     arguments: list[Any] = [
         value
         for value in (
             params.schedule_id,
             params.tenant_id,
             None if params.status is None else str(params.status),
-            aware_or_none(params.planned_from, field="planned_from"),
-            aware_or_none(params.planned_to, field="planned_to"),
+            params.planned_from,
+            params.planned_to,
             params.task_type,
-            aware_or_none(params.finished_from, field="finished_from"),
+            params.finished_from,
         )
         if value is not None
     ]
@@ -370,13 +365,49 @@ async def executions_query(store: Store, params: ExecutionsQuery) -> Page[Execut
     cursor = None
     if len(rows) > limit:
         last = items[-1]
-        cursor = encode_cursor(format_utc(last.planned_at), last.execution_id)
+        cursor = encode_planned_cursor(last.planned_at, last.execution_id)
     return Page(items=items, next_cursor=cursor)
 
 
+# --- execution statistics ---------------------------------------------------------------------
+
+
+async def executions_stats(store: Store, params: ExecutionsStats) -> list[ExecutionsBucket]:
+    params = params.checked()
+    start = params.planned_from
+    end = start + timedelta(seconds=params.bucket_s * params.buckets)
+    arguments: list[Any] = [start, end, params.bucket_s, float(params.on_time_s)]
+    query = sql_api.EXECUTIONS_STATS
+    if params.tenant_id is not None:
+        query = sql_api.EXECUTIONS_STATS_OF_TENANT
+        arguments.append(params.tenant_id)
+    async with store.connection() as connection:
+        rows = await connection.fetch(query, *arguments)
+    planned: dict[int, asyncpg.Record] = {}
+    happened: dict[int, asyncpg.Record] = {}
+    for row in rows:
+        if 0 <= row["bucket"] < params.buckets:
+            (happened if row["happened"] else planned)[row["bucket"]] = row
+    buckets = []
+    for index in range(params.buckets):
+        p, h = planned.get(index), happened.get(index)
+        buckets.append(
+            ExecutionsBucket(
+                planned=p["planned"] if p else 0,
+                started=p["started"] if p else 0,
+                on_time=p["on_time"] if p else 0,
+                dead_letters=p["dead_letters"] if p else 0,
+                plan_lag_s_max=p["plan_lag_s_max"] if p else 0.0,
+                starts=h["planned"] if h else 0,
+                skips=h["started"] if h else 0,
+            )
+        )
+    return buckets
+
+
 async def executions_purge(store: Store, params: ExecutionsPurge) -> int:
-    limit = check_limit(params.limit, BATCH_ROWS_MAX)
-    before = aware(params.finished_before, field="finished_before")
+    params = params.checked()
+    limit, before = params.limit, params.finished_before
     select = sql.DEAD_LETTERS_EXPIRED_SELECT if params.dead_letters else sql.EXECUTIONS_PURGE_SELECT
     async with store.transaction() as connection:
         await require_fences(connection, [params.fence])
@@ -404,49 +435,12 @@ execution and completing it (its workers, their hand-off, the completion queue).
 
 @functools.lru_cache(maxsize=ROUTED_IDS_CACHED)
 def _partition_of_execution(execution_id_: str, partition_count: int) -> int:
-    """The partition of the execution ``execution_id_`` (by its schedule id);
-    ``InvalidField`` for an id no plan could have made. Cached: the same id is checked when
-    it is claimed and again when it is completed, and parsing and hashing it cost more than
-    anything else done with it in Python here."""
-    return partition_of(parse_execution_id(execution_id_)[0], partition_count)
+    """:func:`~engine.ledger.checks.execution_partition`, cached: the same id is checked
+    when it is claimed and again when it is completed, and parsing and hashing it cost more
+    than anything else done with it in Python here."""
+    return execution_partition(execution_id_, partition_count)
 
 
 def _check_routed(execution_ids: list[str], fenced: Any, partition_count: int) -> None:
-    """``InvalidField`` unless every id is well formed (checked first, for all of them) and
-    belongs to a fenced partition: a misrouted id is refused before any round trip."""
-    partitions = [_partition_of_execution(value, partition_count) for value in execution_ids]
-    allowed = set(fenced)
-    for value, partition in zip(execution_ids, partitions, strict=True):
-        if partition not in allowed:
-            schedule_id = parse_execution_id(value)[0]
-            raise InvalidField(
-                f"execution of schedule {schedule_id!r} belongs to partition {partition}, "
-                f"which is not fenced by this call ({sorted(allowed)})"
-            )
-
-
-def _check_partition(
-    schedule_ids: list[str], fenced: Any, partition_count: int, *, what: str
-) -> None:
-    allowed = set(fenced)
-    for schedule_id in unique(schedule_ids):
-        partition = partition_of(schedule_id, partition_count)
-        if partition not in allowed:
-            raise InvalidField(
-                f"{what} of schedule {schedule_id!r} belongs to partition {partition}, "
-                f"which is not fenced by this call ({sorted(allowed)})"
-            )
-
-
-def _execution_cursor(cursor: str | None) -> tuple[Any, str] | None:
-    if cursor is None:
-        return None
-    parts = decode_cursor(cursor)
-    # A forged cursor must not reach SQL with a NUL (text cannot hold one) or an instant
-    # outside the datetime range once in UTC.
-    if len(parts) != 2 or not all(isinstance(part, str) and "\x00" not in part for part in parts):
-        raise InvalidField("the pagination cursor is malformed")
-    try:
-        return parse_instant(parts[0], field="cursor"), parts[1]
-    except OverflowError:
-        raise InvalidField("the pagination cursor is malformed") from None
+    """:func:`~engine.ledger.checks.check_executions_routed` on the cached rule."""
+    check_executions_routed(execution_ids, fenced, partition_count, _partition_of_execution)

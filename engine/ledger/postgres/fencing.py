@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncpg
 
 from engine.errors import LeaseLost
-from engine.ledger.base import Fence
+from engine.ledger.params import Fence
 from engine.ledger.postgres import sql
 
 

@@ -1,12 +1,13 @@
 """PostgresLedger: the ledger protocol on PostgreSQL, for trio callers.
 
 Each method is **one hop** over the database bridge: it hands one asyncio coroutine (from
-:mod:`~engine.ledger.postgres.schedules`, :mod:`~engine.ledger.postgres.executions`,
-:mod:`~engine.ledger.postgres.cluster`, :mod:`~engine.ledger.postgres.catalog`,
-:mod:`~engine.ledger.postgres.audit` or :mod:`~engine.ledger.postgres.api`) to the bridge's
-loop, and that coroutine runs the whole transaction there (``docs/ledger.md``, "The bridge
-and the driver, measured": a claim costs 1.6 ms as one hop, 3.0 ms as one hop per
-statement). The docstrings of :class:`~engine.ledger.base.Ledger` are the contract.
+the module of its protocol area: :mod:`~engine.ledger.postgres.cluster`,
+:mod:`~engine.ledger.postgres.schedules`, :mod:`~engine.ledger.postgres.catalog`,
+:mod:`~engine.ledger.postgres.executions`, :mod:`~engine.ledger.postgres.audit` or
+:mod:`~engine.ledger.postgres.tokens`) to the bridge's loop, and that coroutine runs the
+whole transaction there (``docs/ledger.md``, "The bridge and the driver, measured": a claim
+costs 1.6 ms as one hop, 3.0 ms as one hop per statement). The docstrings of
+:class:`~engine.ledger.base.Ledger` are the contract.
 
 Design
 ------
@@ -39,8 +40,11 @@ from typing import TYPE_CHECKING, Final, TypeVar
 
 import trio
 
-from engine.errors import ConfigError, InvalidField
-from engine.ledger.base import (
+from engine.errors import ConfigError
+from engine.ledger.bridge import DatabaseBridge, open_bridge
+from engine.ledger.checks import check_wait_timeout
+from engine.ledger.manifests import ManifestDone, ManifestsApply
+from engine.ledger.params import (
     AuditQuery,
     Backfilled,
     ClusterSettings,
@@ -87,10 +91,7 @@ from engine.ledger.base import (
     TokensCreate,
     TokensRevoke,
 )
-from engine.ledger.bridge import DatabaseBridge, open_bridge
-from engine.ledger.manifests import ManifestDone, ManifestsApply
 from engine.ledger.postgres import (
-    api,
     audit,
     catalog,
     cluster,
@@ -98,6 +99,7 @@ from engine.ledger.postgres import (
     manifests,
     schedules,
     sql,
+    tokens,
 )
 from engine.ledger.postgres.connection import connect, create_pool, translate_errors
 from engine.ledger.postgres.listener import ChangeListener
@@ -185,10 +187,10 @@ class PostgresLedger:
         return await self._run(schedules.schedules_plannable, params)
 
     async def schedules_count(self, tenant_id: str) -> int:
-        return await self._run(api.schedules_count, tenant_id)
+        return await self._run(schedules.schedules_count, tenant_id)
 
     async def schedules_census(self, params: SchedulesCensus) -> list[ScheduleGroup]:
-        return await self._run(api.schedules_census, params)
+        return await self._run(schedules.schedules_census, params)
 
     async def schedule_changes(self, params: ScheduleChangesSince) -> list[ScheduleChange]:
         return await self._run(schedules.schedule_changes, params)
@@ -200,8 +202,7 @@ class PostgresLedger:
         return await self._run(schedules.schedule_changes_prune, params)
 
     async def schedule_changes_wait(self, after_seq: int, timeout_s: float) -> bool:
-        if not timeout_s >= 0:
-            raise InvalidField(f"timeout_s must be zero or more seconds, got {timeout_s}")
+        check_wait_timeout(timeout_s)
         return await self._bridge.call(self._listener.wait, after_seq, timeout_s)
 
     # task types and tenants ------------------------------------------------------------------
@@ -233,27 +234,27 @@ class PostgresLedger:
     # API tokens ------------------------------------------------------------------------------
 
     async def tokens_create(self, params: TokensCreate) -> ApiToken:
-        return await self._run(api.tokens_create, params)
+        return await self._run(tokens.tokens_create, params)
 
     async def tokens_get_by_hash(self, token_hash: bytes) -> ApiToken:
-        return await self._run(api.tokens_get_by_hash, token_hash)
+        return await self._run(tokens.tokens_get_by_hash, token_hash)
 
     async def tokens_list(self) -> list[ApiToken]:
-        return await self._run(api.tokens_list, None)
+        return await self._run(tokens.tokens_list, None)
 
     async def tokens_revoke(self, params: TokensRevoke) -> ApiToken:
-        return await self._run(api.tokens_revoke, params)
+        return await self._run(tokens.tokens_revoke, params)
 
     # console sessions ------------------------------------------------------------------------
 
     async def sessions_create(self, params: SessionsCreate) -> ConsoleSession:
-        return await self._run(api.sessions_create, params)
+        return await self._run(tokens.sessions_create, params)
 
     async def sessions_touch(self, session_hash: bytes) -> ConsoleSession:
-        return await self._run(api.sessions_touch, session_hash)
+        return await self._run(tokens.sessions_touch, session_hash)
 
     async def sessions_revoke(self, session_hash: bytes) -> None:
-        await self._run(api.sessions_revoke, session_hash)
+        await self._run(tokens.sessions_revoke, session_hash)
 
     # leases and membership -------------------------------------------------------------------
 
@@ -281,7 +282,7 @@ class PostgresLedger:
     # planning and execution ------------------------------------------------------------------
 
     async def checkpoints_get(self, partition_ids: list[int]) -> list[PlannerCheckpoint]:
-        return await self._run(cluster.checkpoints_get, partition_ids)
+        return await self._run(executions.checkpoints_get, partition_ids)
 
     async def executions_plan(self, params: ExecutionsPlan) -> PlanResult:
         return await self._run(executions.executions_plan, params)
@@ -311,7 +312,7 @@ class PostgresLedger:
         return await self._run(executions.executions_query, params)
 
     async def executions_stats(self, params: ExecutionsStats) -> list[ExecutionsBucket]:
-        return await self._run(api.executions_stats, params)
+        return await self._run(executions.executions_stats, params)
 
     async def dead_letters_replay(self, params: DeadLettersReplay) -> list[str]:
         return await self._run(audit.dead_letters_replay, params)
@@ -320,10 +321,10 @@ class PostgresLedger:
         return await self._run(audit.dead_letters_purge, params)
 
     async def executions_trigger(self, params: ExecutionsTrigger) -> Execution:
-        return await self._run(api.executions_trigger, params)
+        return await self._run(audit.executions_trigger, params)
 
     async def executions_backfill(self, params: ExecutionsBackfill) -> Backfilled:
-        return await self._run(api.executions_backfill, params)
+        return await self._run(audit.executions_backfill, params)
 
     async def audit_list(self, params: AuditQuery) -> list[AuditEvent]:
         return await self._run(audit.audit_list, params)

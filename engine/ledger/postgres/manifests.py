@@ -32,13 +32,6 @@ from typing import Any, Final, cast
 import asyncpg
 
 from engine.errors import InvalidField, VersionConflict
-from engine.ledger.base import (
-    SchedulesCreate,
-    SchedulesDelete,
-    SchedulesUpdate,
-    TaskTypesPut,
-    TenantsPut,
-)
 from engine.ledger.manifests import (
     Label,
     ManifestAction,
@@ -50,6 +43,13 @@ from engine.ledger.manifests import (
     audit_details,
     check_changes,
     planned,
+)
+from engine.ledger.params import (
+    SchedulesCreate,
+    SchedulesDelete,
+    SchedulesUpdate,
+    TaskTypesPut,
+    TenantsPut,
 )
 from engine.ledger.postgres import catalog, schedules, sql
 from engine.ledger.postgres.rows import schedule_from_row, task_type_from_row, tenant_from_row

@@ -1,4 +1,4 @@
-"""Values in and out of SQL: rows to records, and the checks every input passes first.
+"""Values in and out of SQL: rows to records, and batches to array literals.
 
 Rows are read by column name, except executions -- the hot path -- which are read by
 position in the order of :data:`~engine.ledger.postgres.sql.EXECUTION_COLUMNS`. asyncpg
@@ -17,7 +17,6 @@ see :data:`~engine.ledger.postgres.sql_executions.EXECUTIONS_CLAIM`.)
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -27,8 +26,7 @@ import asyncpg
 import msgspec
 
 from engine.core.dst import DstGap, DstOverlap
-from engine.errors import InvalidField
-from engine.ledger.base import Attempt, ChangeKind, NodeInfo, ScheduleChange, ScheduleGroup
+from engine.ledger.params import Attempt, ChangeKind, NodeInfo, ScheduleChange, ScheduleGroup
 from engine.model import (
     ApiToken,
     AuditEvent,
@@ -260,63 +258,13 @@ def checkpoint_from_row(row: Row) -> PlannerCheckpoint:
     )
 
 
-# --- input checks ---------------------------------------------------------------------------
-
-
-def check_limit(limit: int, maximum: int, *, field: str = "limit") -> int:
-    """``limit`` if it is 1..``maximum``; InvalidField otherwise."""
-    if not 1 <= limit <= maximum:
-        raise InvalidField(f"{field} must be between 1 and {maximum}, got {limit}")
-    return limit
-
-
-def check_batch(items: Iterable[object], maximum: int, *, what: str) -> None:
-    """InvalidField when one call carries more than ``maximum`` rows."""
-    count = sum(1 for _ in items)
-    if count > maximum:
-        raise InvalidField(f"{count} {what} in one call; the limit is {maximum}")
-
-
-DURATION_S_MAX: Final = 366 * 24 * 3600.0
-"""Longest lease, attempt lease or heartbeat TTL accepted (as the memory ledger)."""
-
-
-def check_duration(value: float, *, field: str) -> float:
-    """A positive, finite number of seconds up to :data:`DURATION_S_MAX`."""
-    if not (math.isfinite(value) and 0 < value <= DURATION_S_MAX):
-        raise InvalidField(
-            f"{field} must be a positive number of seconds up to {DURATION_S_MAX:.0f}, got {value}"
-        )
-    return value
-
-
-def check_not_empty(value: str, *, field: str) -> str:
-    if not value:
-        raise InvalidField(f"{field} must not be empty")
-    return value
-
-
-def aware(instant: datetime, *, field: str) -> datetime:
-    """``instant`` if it carries a UTC offset; a naive time means different instants on
-    different hosts, so it is refused."""
-    if instant.tzinfo is None or instant.utcoffset() is None:
-        raise InvalidField(f"{field} {instant.isoformat()} has no UTC offset")
-    return instant
-
-
-def aware_or_none(instant: datetime | None, *, field: str) -> datetime | None:
-    return None if instant is None else aware(instant, field=field)
-
-
-def unique(values: Iterable[T]) -> list[T]:
-    """``values`` without repeats, first occurrence kept, order kept."""
-    return list(dict.fromkeys(values))
+# --- results ---------------------------------------------------------------------------------
 
 
 def in_order(wanted: Iterable[str], present: Iterable[str]) -> list[str]:
     """The ``wanted`` ids that are in ``present``, in ``wanted`` order, without repeats."""
     found = set(present)
-    return [value for value in unique(wanted) if value in found]
+    return [value for value in dict.fromkeys(wanted) if value in found]
 
 
 # --- array literals -------------------------------------------------------------------------

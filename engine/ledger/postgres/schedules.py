@@ -2,7 +2,7 @@
 
 Every schedule write ends the same way, in its own transaction: take the change-feed
 advisory lock, append its changes, NOTIFY (:func:`append_changes`; an operator's trigger
-and backfill end so too, :mod:`~engine.ledger.postgres.api`). The lock is held until
+and backfill end so too, :mod:`~engine.ledger.postgres.audit`). The lock is held until
 commit, so the next writer draws its ``seq`` only once this commit is visible: ``seq``
 order is commit order, and a reader may keep the last ``seq`` it saw as a watermark.
 Taking the lock last keeps the serialized section to one statement plus the commit.
@@ -22,18 +22,28 @@ from __future__ import annotations
 import itertools
 import sys
 from collections import Counter
-from typing import Any, Final, NoReturn
+from typing import Any, Final
 
 import asyncpg
 
 from engine.core.dst import DstGap, DstOverlap
 from engine.core.hashing import partition_of
-from engine.errors import AlreadyExists, InvalidField, NotFound, VersionConflict
-from engine.ledger.base import (
-    BATCH_ROWS_MAX,
+from engine.ledger.checks import check_limit
+from engine.ledger.common import (
+    changes_pruned,
+    decode_id_cursor,
+    encode_cursor,
+    fires_among,
+    not_found,
+    quota_exceeded,
+    schedules_exist,
+    unknown_task_types,
+    unusable_task_types,
+    version_conflict,
+)
+from engine.ledger.params import (
     LIFECYCLE_SKIPS,
     PAGE_SIZE_MAX,
-    PLAN_PAGE_MAX,
     SCHEDULE_DELETED,
     SCHEDULE_DELETED_MESSAGE,
     SCHEDULE_PAUSED,
@@ -44,53 +54,30 @@ from engine.ledger.base import (
     ScheduleChange,
     ScheduleChangesPrune,
     ScheduleChangesSince,
+    ScheduleGroup,
+    SchedulesCensus,
     SchedulesCreate,
     SchedulesDelete,
     SchedulesList,
     SchedulesPlannable,
     SchedulesUpdate,
-    decode_cursor,
-    encode_cursor,
-    unknown_task_types,
-)
-from engine.ledger.common import (
-    changes_pruned,
-    check_id_prefix,
-    fires_among,
-    quota_exceeded,
-    unusable_task_types,
 )
 from engine.ledger.postgres import sql, sql_api
-from engine.ledger.postgres.rows import (
-    aware,
-    aware_or_none,
-    change_from_row,
-    check_batch,
-    check_limit,
-    schedule_from_row,
-)
+from engine.ledger.postgres.rows import change_from_row, group_from_row, schedule_from_row
 from engine.ledger.postgres.store import Store
 from engine.model import (
     CatchUpPolicy,
     HandlerKind,
     Schedule,
     TaskType,
-    check_payload_size,
-    validate_identifier,
 )
 
 _CODE_POINT_MAX: Final = "\U0010ffff"
 
 
 async def schedules_create(store: Store, params: SchedulesCreate) -> list[Schedule]:
-    schedules = params.schedules
-    check_batch(schedules, BATCH_ROWS_MAX, what="schedules")
+    schedules = params.checked().schedules
     ids = [schedule.schedule_id for schedule in schedules]
-    if len(set(ids)) < len(ids):
-        repeated = sorted({i for i in ids if ids.count(i) > 1})
-        raise InvalidField(f"schedule ids repeated in one call: {', '.join(repeated)}")
-    for schedule in schedules:
-        _check_schedule(schedule)
     if not schedules:
         return []
     partitions = [partition_of(i, store.partition_count) for i in ids]
@@ -99,12 +86,12 @@ async def schedules_create(store: Store, params: SchedulesCreate) -> list[Schedu
         tenants = [schedule.tenant_id for schedule in schedules]
         existing = await connection.fetch(sql.SCHEDULES_TAKEN_IDS, ids, tenants)
         if existing:
-            _raise_exists([row["schedule_id"] for row in existing])
+            raise schedules_exist([row["schedule_id"] for row in existing])
         await _require_quotas(connection, schedules)
         rows = await connection.fetch(sql.SCHEDULES_INSERT, *_columns(schedules, partitions))
         created = {row["schedule_id"]: schedule_from_row(row) for row in rows}
         if len(created) < len(ids):  # a concurrent create of the same id committed first
-            _raise_exists(sorted(set(ids) - created.keys()))
+            raise schedules_exist(sorted(set(ids) - created.keys()))
         # A version above 1 is a deleted id created again (SCHEDULES_INSERT).
         recreated = [s for s in created.values() if s.version > 1 and s.enabled]
         if recreated:
@@ -120,8 +107,7 @@ async def schedules_create(store: Store, params: SchedulesCreate) -> list[Schedu
 
 
 async def schedules_update(store: Store, params: SchedulesUpdate) -> Schedule:
-    schedule = params.schedule
-    _check_schedule(schedule)
+    schedule = params.checked().schedule
     async with store.transaction() as connection:
         await _lock_task_types(connection, [schedule])
         # Whether this pauses or resumes it, read under the row lock the update then holds.
@@ -137,10 +123,9 @@ async def schedules_update(store: Store, params: SchedulesUpdate) -> Schedule:
         if row is None:
             current = await connection.fetchrow(sql.SCHEDULE_GET, schedule.schedule_id)
             if current is None:
-                raise NotFound(f"schedule {schedule.schedule_id!r} does not exist")
-            raise VersionConflict(
-                f"schedule {schedule.schedule_id!r} is at version {current['version']}, "
-                f"not {params.expected_version}: someone else updated it; re-read and retry"
+                raise not_found("schedule", schedule.schedule_id)
+            raise version_conflict(
+                "schedule", schedule.schedule_id, current["version"], params.expected_version
             )
         updated = schedule_from_row(row)
         if pausing:
@@ -166,14 +151,11 @@ async def schedules_delete(store: Store, params: SchedulesDelete) -> Schedule:
     async with store.transaction() as connection:
         row = await connection.fetchrow(sql.SCHEDULE_GET_FOR_UPDATE, params.schedule_id)
         if row is None:
-            raise NotFound(f"schedule {params.schedule_id!r} does not exist")
+            raise not_found("schedule", params.schedule_id)
         deleted = schedule_from_row(row)
         expected = params.expected_version
         if expected is not None and deleted.version != expected:
-            raise VersionConflict(
-                f"schedule {params.schedule_id!r} is at version {deleted.version}, "
-                f"not {expected}: someone else updated it; re-read and retry"
-            )
+            raise version_conflict("schedule", params.schedule_id, deleted.version, expected)
         # Order matters: the schedule is marked deleted first, and pending executions are
         # skipped by a later statement that sees everything planned before (sql.py).
         await connection.execute(sql.SCHEDULE_SOFT_DELETE, params.schedule_id)
@@ -197,7 +179,7 @@ async def schedules_get(store: Store, schedule_id: str) -> Schedule:
     async with store.connection() as connection:
         row = await connection.fetchrow(sql.SCHEDULE_GET, schedule_id)
     if row is None:
-        raise NotFound(f"schedule {schedule_id!r} does not exist")
+        raise not_found("schedule", schedule_id)
     return schedule_from_row(row)
 
 
@@ -211,8 +193,9 @@ async def schedules_get_many(store: Store, schedule_ids: list[str]) -> dict[str,
 
 
 async def schedules_list(store: Store, params: SchedulesList) -> Page[Schedule]:
-    limit = check_limit(params.limit, PAGE_SIZE_MAX)
-    after = _schedule_cursor(params.cursor)
+    params = params.checked()
+    limit = params.limit
+    after = None if params.cursor is None else decode_id_cursor(params.cursor)
     filters: list[Any] = [
         value
         for value in (params.tenant_id, params.task_type, params.enabled, params.partition_id)
@@ -220,7 +203,7 @@ async def schedules_list(store: Store, params: SchedulesList) -> Page[Schedule]:
     ]
     if after is not None:
         filters.append(after)
-    prefix = check_id_prefix(params.id_prefix)
+    prefix = params.id_prefix
     if prefix:
         # Every id (an identifier: ASCII) that starts with the prefix sorts below this bound.
         filters += [prefix, prefix + _CODE_POINT_MAX, prefix]
@@ -245,7 +228,7 @@ _DST_OVERLAP: Final = {member.value: member for member in DstOverlap}
 
 
 async def schedules_plannable(store: Store, params: SchedulesPlannable) -> list[PlannableSchedule]:
-    limit = check_limit(params.limit, PLAN_PAGE_MAX)
+    limit = params.checked().limit
     async with store.connection() as connection:
         rows = await connection.fetch(
             sql.SCHEDULES_PLANNABLE, params.partition_id, params.after or "", limit
@@ -284,7 +267,7 @@ async def schedules_plannable(store: Store, params: SchedulesPlannable) -> list[
 
 
 async def schedule_changes(store: Store, params: ScheduleChangesSince) -> list[ScheduleChange]:
-    limit = check_limit(params.limit, PAGE_SIZE_MAX)
+    limit = params.checked().limit
     async with store.connection() as connection:
         rows = await connection.fetch(sql.CHANGES_SINCE, params.after_seq, limit)
     pruned_through: int = rows[0]["through"]
@@ -301,14 +284,38 @@ async def schedule_changes_head(store: Store, _: None) -> int:
 
 
 async def schedule_changes_prune(store: Store, params: ScheduleChangesPrune) -> int:
-    limit = check_limit(params.limit, BATCH_ROWS_MAX)
-    before = aware(params.before, field="before")
+    params = params.checked()
+    limit, before = params.limit, params.before
     async with store.connection() as connection:
         pruned: int = await connection.fetchval(sql.CHANGES_PRUNE, before, limit)
     return pruned
 
 
 # --- helpers ---------------------------------------------------------------------------------
+
+
+# --- schedule count and census ----------------------------------------------------------------
+
+
+async def schedules_count(store: Store, tenant_id: str) -> int:
+    async with store.connection() as connection:
+        count: int = await connection.fetchval(sql_api.SCHEDULES_COUNT, tenant_id)
+    return count
+
+
+async def schedules_census(store: Store, params: SchedulesCensus) -> list[ScheduleGroup]:
+    limit = params.checked().limit
+    async with store.connection() as connection:
+        if params.tenant_id is None:
+            rows = await connection.fetch(sql_api.SCHEDULES_CENSUS, limit)
+        else:
+            rows = await connection.fetch(
+                sql_api.SCHEDULES_CENSUS_OF_TENANT, limit, params.tenant_id
+            )
+    return [group_from_row(row) for row in rows]
+
+
+# --- the change feed and what schedule writes share ------------------------------------------
 
 
 async def append_changes(
@@ -391,17 +398,6 @@ async def _lock_task_types(connection: asyncpg.Connection, schedules: list[Sched
         raise unknown_task_types(unknown)
 
 
-def _check_schedule(schedule: Schedule) -> None:
-    validate_identifier(schedule.schedule_id, kind="schedule id")
-    check_payload_size(schedule.payload)
-    aware_or_none(schedule.next_run_at, field="next_run_at")
-
-
-def _raise_exists(ids: list[str]) -> NoReturn:
-    shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
-    raise AlreadyExists(f"schedules already exist: {shown}", ids=tuple(ids))
-
-
 def _user_fields(schedule: Schedule) -> tuple[Any, ...]:
     """The replaceable fields, in the order of sql.SCHEDULE_UPDATE's $2..$13."""
     return (
@@ -427,12 +423,3 @@ def _columns(schedules: list[Schedule], partitions: list[int]) -> list[list[Any]
         fields = _user_fields(schedule)
         rows.append((schedule.schedule_id, *fields[:7], partition, *fields[7:]))
     return [list(column) for column in zip(*rows, strict=True)]
-
-
-def _schedule_cursor(cursor: str | None) -> str | None:
-    if cursor is None:
-        return None
-    parts = decode_cursor(cursor)
-    if len(parts) != 1 or not isinstance(parts[0], str) or "\x00" in parts[0]:
-        raise InvalidField("the pagination cursor is malformed")
-    return parts[0]

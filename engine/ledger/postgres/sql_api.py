@@ -1,7 +1,8 @@
-"""The statements of the HTTP API's ledger operations: API tokens, executions added by an
-operator (trigger, backfill), the per-tenant schedule quota and the schedule census (the
-coroutines are in :mod:`engine.ledger.postgres.api`; the quota check runs inside
-``schedules_create``, :mod:`engine.ledger.postgres.schedules`). The conventions of
+"""The statements of the HTTP API's ledger operations: API tokens and console sessions
+(:mod:`engine.ledger.postgres.tokens`), executions added by an operator (trigger, backfill:
+:mod:`engine.ledger.postgres.audit`), the per-tenant schedule quota and the schedule census
+(:mod:`engine.ledger.postgres.schedules`; the quota check runs inside ``schedules_create``)
+and the execution statistics (:mod:`engine.ledger.postgres.executions`). The conventions of
 :mod:`engine.ledger.postgres.sql` hold here.
 
 Lock order. Trigger and backfill share-lock the schedule row first (a concurrent delete or

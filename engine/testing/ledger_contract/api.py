@@ -15,7 +15,8 @@ from engine.errors import (
     InvalidField,
     NotFound,
 )
-from engine.ledger.base import (
+from engine.ledger.common import encode_cursor
+from engine.ledger.params import (
     BATCH_ROWS_MAX,
     PAGE_SIZE_MAX,
     AuditQuery,
@@ -31,7 +32,6 @@ from engine.ledger.base import (
     SessionsCreate,
     TokensCreate,
     TokensRevoke,
-    encode_cursor,
 )
 from engine.model import (
     ApiToken,

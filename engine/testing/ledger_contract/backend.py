@@ -13,7 +13,8 @@ from typing import Any, Final
 import trio
 
 from engine.core.hashing import partition_of
-from engine.ledger.base import Ledger, TaskTypesPut
+from engine.ledger.base import Ledger
+from engine.ledger.params import TaskTypesPut
 from engine.model import HandlerKind, Schedule, TaskType
 from engine.testing.clock import ManualClock
 

@@ -16,7 +16,7 @@ from engine.errors import (
     LeaseLost,
     NotFound,
 )
-from engine.ledger.base import (
+from engine.ledger.params import (
     BATCH_ROWS_MAX,
     STATS_BUCKET_S_MAX,
     STATS_BUCKETS_MAX,

@@ -13,7 +13,7 @@ from engine.errors import (
     LeaseLost,
     NotFound,
 )
-from engine.ledger.base import (
+from engine.ledger.params import (
     Completion,
     ExecutionsClaim,
     ExecutionsComplete,

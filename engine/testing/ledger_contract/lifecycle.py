@@ -15,7 +15,7 @@ from engine.errors import (
     InvalidField,
     NotFound,
 )
-from engine.ledger.base import (
+from engine.ledger.params import (
     BATCH_ROWS_MAX,
     PAGE_SIZE_MAX,
     AuditQuery,

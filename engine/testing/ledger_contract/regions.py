@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import InvalidField, LeaseLost
-from engine.ledger.base import (
+from engine.ledger.params import (
     AuditQuery,
     ExecutionsClaim,
     Fence,

@@ -21,7 +21,7 @@ from engine.errors import (
     QuotaExceeded,
     VersionConflict,
 )
-from engine.ledger.base import (
+from engine.ledger.params import (
     BATCH_ROWS_MAX,
     CENSUS_GROUPS_MAX,
     PAGE_SIZE_MAX,
@@ -40,8 +40,8 @@ from engine.ledger.base import (
     SchedulesPlannable,
     SchedulesUpdate,
     TenantsPut,
+    plannable,
 )
-from engine.ledger.params import plannable
 from engine.model import (
     PAYLOAD_BYTES_MAX,
     CatchUpPolicy,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from engine.ledger.base import (
+from engine.ledger.params import (
     ExecutionsClaim,
     ExecutionsDue,
     ExecutionsPlan,

@@ -17,7 +17,7 @@ from engine.errors import (
     NotFound,
     VersionConflict,
 )
-from engine.ledger.base import (
+from engine.ledger.params import (
     SchedulesCreate,
     SchedulesDelete,
     SchedulesUpdate,

@@ -1,22 +1,19 @@
-"""The cluster half of :class:`~engine.ledger.memory.MemoryLedger`: clock, settings, leases
-and membership (the memory twin of :mod:`engine.ledger.postgres.cluster`).
-
-A mixin of that one class, split out to keep each module small: it owns no state of its own
-but declares the ledger's tables it uses, and follows the ledger's rules (one trio
-checkpoint, then the whole call without awaiting; the input is checked before anything
-changes). Every expiry is judged by the ledger's clock, ``_now()``.
+"""Cluster settings, the region failover, partition leases and node membership, in memory
+(the twin of :mod:`engine.ledger.postgres.cluster`). Every expiry is judged by the ledger's
+clock, ``_now()``.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import msgspec
 import trio
 
-from engine.errors import InvalidField
-from engine.ledger._memory_tables import AuditLog, LeaseTable, seconds
-from engine.ledger.base import (
+from engine.ledger.checks import check_partitions, check_planner_lags
+from engine.ledger.common import region_failover_details
+from engine.ledger.memory.state import MemoryState
+from engine.ledger.params import (
     ClusterSettings,
     LeasesAcquire,
     LeasesRelease,
@@ -26,27 +23,12 @@ from engine.ledger.base import (
     RegionChange,
     RegionFailover,
     token_floor,
-    validate_region,
 )
-from engine.ledger.common import (
-    check_clock_offset,
-    check_planner_lags,
-    region_failover_details,
-)
-from engine.model import AuditAction, Lease, validate_actor, validate_reason
+from engine.model import AuditAction, Lease
 
 
-class ClusterMethods:
+class ClusterMethods(MemoryState):
     """The ledger's clock and settings, partition leases and node membership."""
-
-    # The ledger's state this half uses (set by MemoryLedger.__init__).
-    _settings: ClusterSettings
-    _leases: LeaseTable
-    _audit: AuditLog
-    _nodes: dict[str, NodeInfo]
-
-    def _now(self) -> datetime:
-        raise NotImplementedError  # the ledger's clock, provided by MemoryLedger
 
     # cluster ---------------------------------------------------------------------------------
 
@@ -60,9 +42,8 @@ class ClusterMethods:
 
     async def region_failover(self, params: RegionFailover) -> RegionChange:
         await trio.lowlevel.checkpoint()
-        region = validate_region(params.to_region)
-        actor = validate_actor(params.actor)
-        reason = validate_reason(params.reason)
+        params = params.checked()
+        region, actor, reason = params.to_region, params.actor, params.reason
         before = self._settings
         if before.active_region == region and before.region_epoch >= params.epoch_at_least:
             return RegionChange(before, changed=False, revoked=0)
@@ -81,10 +62,9 @@ class ClusterMethods:
 
     async def leases_acquire(self, params: LeasesAcquire) -> list[Lease]:
         await trio.lowlevel.checkpoint()
-        if not params.owner_id:
-            raise InvalidField("owner_id must not be empty")
-        ttl = seconds(params.ttl_s, field="ttl_s")
-        partitions = self._leases.check_partitions(params.partition_ids)
+        params = params.checked()
+        ttl = timedelta(seconds=params.ttl_s)
+        partitions = check_partitions(params.partition_ids, self._settings.partition_count)
         settings = self._settings
         if params.region != settings.active_region:
             return []  # a standby region's node acquires nothing
@@ -98,7 +78,7 @@ class ClusterMethods:
 
     async def leases_renew(self, params: LeasesRenew) -> list[Lease]:
         await trio.lowlevel.checkpoint()
-        ttl = seconds(params.ttl_s, field="ttl_s")
+        ttl = timedelta(seconds=params.checked().ttl_s)
         return self._leases.renew(params.fences, ttl, self._now())
 
     async def leases_release(self, params: LeasesRelease) -> int:
@@ -111,10 +91,9 @@ class ClusterMethods:
 
     async def nodes_heartbeat(self, params: NodesHeartbeat) -> NodeInfo:
         await trio.lowlevel.checkpoint()
-        if not params.node_id:
-            raise InvalidField("node_id must not be empty")
-        ttl = seconds(params.ttl_s, field="ttl_s")
-        offset = check_clock_offset(params.clock_offset_s)
+        params = params.checked()
+        ttl = timedelta(seconds=params.ttl_s)
+        offset = params.clock_offset_s
         lags = check_planner_lags(params.planner_lag_s, self._settings.partition_count)
         now = self._now()
         previous = self._nodes.get(params.node_id)

@@ -1,5 +1,8 @@
 """The tables behind :class:`~engine.ledger.memory.MemoryLedger`, and its row transitions.
 
+The memory twin of the Postgres schema (``engine/ledger/postgres/migrations/``) and of its
+statements (``engine/ledger/postgres/sql*.py``).
+
 Each table owns one kind of row and the indexes over it; the transition functions turn one
 execution row into its next state (the ledger state machine, one function per edge). The
 ledger composes both into transactions. Nothing here reads a clock (the ledger passes ``now``
@@ -23,16 +26,23 @@ Invariants
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final, Generic, TypeVar
 
 import msgspec
 import trio
 
-from engine.errors import InvalidField, LeaseLost, NotFound, VersionConflict
-from engine.ledger.base import (
+from engine.errors import LeaseLost, NotFound
+from engine.ledger.common import (
+    NO_TOKEN_WITH_HASH,
+    not_found,
+    token_hash_taken,
+    token_id_taken,
+    version_conflict,
+)
+from engine.ledger.params import (
+    LIFECYCLE_SKIPS,
     Attempt,
     ChangeKind,
     Completion,
@@ -40,46 +50,20 @@ from engine.ledger.base import (
     Outcome,
     PlannedExecution,
     ScheduleChange,
-    decode_cursor,
 )
-from engine.model import AuditEvent, Execution, ExecutionStatus, Lease, TaskType, Tenant
+from engine.model import (
+    ApiToken,
+    AuditEvent,
+    Execution,
+    ExecutionStatus,
+    Lease,
+    Schedule,
+    TaskType,
+    Tenant,
+    execution_id,
+)
 
-# --- validation helpers -------------------------------------------------------------------
-
-DURATION_S_MAX = 366 * 24 * 3600.0
-"""Longest lease, attempt lease or heartbeat TTL accepted (keeps expiry instants in range)."""
-
-
-def as_utc(value: datetime, *, field: str) -> datetime:
-    """``value`` converted to UTC; ``InvalidField`` if it is naive."""
-    if value.tzinfo is None:
-        raise InvalidField(f"{field} {value.isoformat()} has no UTC offset")
-    return value.astimezone(UTC)
-
-
-def as_utc_or_none(value: datetime | None, *, field: str) -> datetime | None:
-    return None if value is None else as_utc(value, field=field)
-
-
-def check_limit(limit: int, maximum: int, *, field: str = "limit") -> None:
-    """``InvalidField`` unless ``1 <= limit <= maximum``."""
-    if not 1 <= limit <= maximum:
-        raise InvalidField(f"{field} must be between 1 and {maximum}, got {limit}")
-
-
-def check_batch(rows: int, maximum: int, *, field: str) -> None:
-    """``InvalidField`` if a write carries more than ``maximum`` rows."""
-    if rows > maximum:
-        raise InvalidField(f"{field} carries {rows} rows; at most {maximum} per call")
-
-
-def seconds(value: float, *, field: str) -> timedelta:
-    """A positive duration of at most :data:`DURATION_S_MAX`; ``InvalidField`` otherwise."""
-    if not (math.isfinite(value) and 0 < value <= DURATION_S_MAX):
-        raise InvalidField(
-            f"{field} must be a positive number of seconds up to {DURATION_S_MAX:.0f}, got {value}"
-        )
-    return timedelta(seconds=value)
+# --- orders and keys -----------------------------------------------------------------------
 
 
 def by_planned_time(execution: Execution) -> tuple[datetime, str]:
@@ -87,42 +71,10 @@ def by_planned_time(execution: Execution) -> tuple[datetime, str]:
     return execution.planned_at, execution.execution_id
 
 
-def decode_planned_cursor(cursor: str) -> tuple[datetime, str]:
-    """The ``(planned_at, execution_id)`` a query cursor resumes after."""
-    parts = decode_cursor(cursor)
-    if len(parts) != 2 or not all(isinstance(part, str) and "\x00" not in part for part in parts):
-        raise InvalidField("the pagination cursor is malformed")
-    try:
-        planned_at = datetime.fromisoformat(parts[0])
-        utc = None if planned_at.tzinfo is None else planned_at.astimezone(UTC)
-    except (ValueError, OverflowError):  # not a timestamp, or out of range once in UTC
-        utc = None
-    if utc is None:
-        raise InvalidField("the pagination cursor is malformed")
-    return utc, parts[1]
-
-
-def decode_id_cursor(cursor: str) -> str:
-    """The id a listing cursor resumes after."""
-    parts = decode_cursor(cursor)
-    if len(parts) != 1 or not isinstance(parts[0], str) or "\x00" in parts[0]:
-        raise InvalidField("the pagination cursor is malformed")
-    return parts[0]
-
-
 # --- execution transitions ------------------------------------------------------------------
 
 OUTCOME_EXPIRED = "expired"
 """Attempt outcome recorded when an attempt lease runs out."""
-
-
-def is_startable(execution: Execution, before: datetime) -> bool:
-    """Whether ``execution`` may start by ``before`` (the rule of ``executions_due``)."""
-    if execution.status is ExecutionStatus.QUEUED:
-        return execution.planned_at <= before
-    if execution.status is ExecutionStatus.FAILED:
-        return execution.not_before is not None and execution.not_before <= before
-    return False
 
 
 def attempt_expired(execution: Execution, now: datetime) -> bool:
@@ -259,6 +211,37 @@ def skipped(
     )
 
 
+def added(schedule: Schedule, planned_at: datetime, now: datetime) -> Execution:
+    """A new row an operator adds (trigger, backfill) or a pause or delete's skip revived
+    (resume, re-create): ``queued`` like a planned fire, startable once ``planned_at`` has
+    passed, written under no lease."""
+    if schedule.partition_id is None:
+        raise AssertionError(f"schedule {schedule.schedule_id} was stored without a partition")
+    return Execution(
+        execution_id=execution_id(schedule.schedule_id, planned_at),
+        schedule_id=schedule.schedule_id,
+        tenant_id=schedule.tenant_id,
+        task_type=schedule.task_type,
+        planned_at=planned_at,
+        status=ExecutionStatus.QUEUED,
+        enqueued_at=now,
+        partition_id=schedule.partition_id,
+    )
+
+
+def revivable(execution: Execution, schedule: Schedule) -> bool:
+    """Whether ``execution`` was skipped by a pause or a delete of ``schedule`` before it
+    ever started (attempt 0), as a fire of ``schedule``'s tenant: one that resuming,
+    re-creating or backfilling may queue again (:data:`~engine.ledger.params.
+    LIFECYCLE_SKIPS`)."""
+    return (
+        execution.status is ExecutionStatus.SKIPPED
+        and execution.error_code in LIFECYCLE_SKIPS
+        and execution.attempt == 0
+        and execution.tenant_id == schedule.tenant_id
+    )
+
+
 # --- leases ---------------------------------------------------------------------------------
 
 
@@ -298,17 +281,6 @@ class LeaseTable:
                 partitions=tuple(lost),
             )
         return {fence.partition_id: fence.fencing_token for fence in fences}
-
-    def check_partitions(self, partition_ids: Iterable[int]) -> list[int]:
-        """The distinct ids, sorted; ``InvalidField`` for one outside the cluster."""
-        distinct = sorted(set(partition_ids))
-        unknown = [p for p in distinct if p not in self._rows]
-        if unknown:
-            raise InvalidField(
-                f"partition(s) {unknown} do not exist; this cluster has partitions "
-                f"0-{len(self._rows) - 1}"
-            )
-        return distinct
 
     def acquire(
         self,
@@ -579,7 +551,7 @@ class VersionedTable(Generic[R]):
     def get(self, key: str) -> R:
         row = self._rows.get(key)
         if row is None:
-            raise NotFound(f"{self._what} {key!r} {self._absent}")
+            raise not_found(self._what, key, self._absent)
         return row
 
     def find(self, key: str) -> R | None:
@@ -595,10 +567,8 @@ class VersionedTable(Generic[R]):
         current = self._rows.get(key)
         version = 0 if current is None else current.version
         if expected_version is not None and expected_version != version:
-            state = "does not exist" if current is None else f"is at version {version}"
-            raise VersionConflict(
-                f"{self._what} {key!r} {state}, not version {expected_version}; re-read it "
-                "and apply the change again"
+            raise version_conflict(
+                self._what, key, None if current is None else version, expected_version
             )
 
     def put(self, key: str, record: R, expected_version: int | None, now: datetime) -> R:
@@ -653,3 +623,45 @@ class AuditLog:
             if len(found) == limit:
                 break
         return found
+
+
+# --- API tokens -------------------------------------------------------------------------------
+
+
+class TokenTable:
+    """API tokens by id, and the index by hash that authentication reads. Every stored hash
+    maps to exactly one token and back; tokens are never deleted, so neither an id nor a
+    hash is ever reused."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, ApiToken] = {}
+        self._ids_by_hash: dict[bytes, str] = {}
+
+    def create(self, token: ApiToken, token_hash: bytes) -> ApiToken:
+        if token.token_id in self._rows:
+            raise token_id_taken(token.token_id)
+        if token_hash in self._ids_by_hash:
+            raise token_hash_taken()
+        self._rows[token.token_id] = token
+        self._ids_by_hash[token_hash] = token.token_id
+        return token
+
+    def get(self, token_id: str) -> ApiToken:
+        token = self._rows.get(token_id)
+        if token is None:
+            raise not_found("token", token_id)
+        return token
+
+    def by_hash(self, token_hash: bytes) -> ApiToken:
+        token_id = self._ids_by_hash.get(token_hash)
+        if token_id is None:
+            raise NotFound(NO_TOKEN_WITH_HASH)
+        return self._rows[token_id]
+
+    def replace(self, token: ApiToken) -> None:
+        """Store a changed version of a stored token (its hash stays)."""
+        self.get(token.token_id)
+        self._rows[token.token_id] = token
+
+    def rows(self) -> list[ApiToken]:
+        return [self._rows[key] for key in sorted(self._rows)]

@@ -1,5 +1,6 @@
 """The memory ledger's :meth:`~engine.ledger.base.Ledger.manifests_apply` (a mixin of
-:class:`~engine.ledger.memory.MemoryLedger`).
+:class:`~engine.ledger.memory.MemoryLedger`), in the area file of the same name as the
+Postgres ledger's (:mod:`engine.ledger.postgres.manifests`).
 
 An apply is one synchronous stretch after its single checkpoint, like every method of this
 ledger: no other task runs between its read of the state, its planner call and its last
@@ -20,18 +21,8 @@ import msgspec
 import trio
 
 from engine.errors import AlreadyExists, InvalidField, VersionConflict
-from engine.ledger._memory_tables import AuditLog, ChangeFeed, ExecutionTable, VersionedTable
-from engine.ledger.base import (
-    SCHEDULE_DELETED,
-    SCHEDULE_DELETED_MESSAGE,
-    SCHEDULE_PAUSED,
-    SCHEDULE_PAUSED_MESSAGE,
-    ChangeKind,
-    task_type_in_use,
-)
-from engine.ledger.common import lost_users, task_type_runs_in_use
+from engine.ledger.common import lost_users, task_type_in_use, task_type_runs_in_use
 from engine.ledger.manifests import (
-    Label,
     ManifestAction,
     ManifestChange,
     ManifestDone,
@@ -41,6 +32,14 @@ from engine.ledger.manifests import (
     audit_details,
     check_changes,
     planned,
+)
+from engine.ledger.memory.state import MemoryState
+from engine.ledger.params import (
+    SCHEDULE_DELETED,
+    SCHEDULE_DELETED_MESSAGE,
+    SCHEDULE_PAUSED,
+    SCHEDULE_PAUSED_MESSAGE,
+    ChangeKind,
 )
 from engine.model import (
     AuditAction,
@@ -89,25 +88,11 @@ class _Snapshot:
         del ledger._audit._events[self.audit :]
 
 
-class ManifestMethods:
+class ManifestMethods(MemoryState):
     """Manifest sets on the memory ledger's tables."""
 
-    # The ledger's tables and helpers this half uses (set by MemoryLedger).
-    _schedules: dict[str, Schedule]
-    _tombstones: dict[str, Schedule]
-    _feed: ChangeFeed
-    _executions: ExecutionTable
-    _task_types: VersionedTable[TaskType]
-    _tenants: VersionedTable[Tenant]
-    _audit: AuditLog
-    _manifest_labels: dict[Label, str]
-
-    def _now(self) -> datetime:
-        raise NotImplementedError  # provided by MemoryLedger
-
-    def _partition(self, schedule_id: str) -> int:
-        raise NotImplementedError
-
+    # Helpers of the other areas this one uses (schedules, catalog): theirs come first in
+    # MemoryLedger's bases, so these are only what the type checker sees.
     def _require_task_types(self, schedules: list[Schedule]) -> None:
         raise NotImplementedError
 
@@ -118,9 +103,6 @@ class ManifestMethods:
         raise NotImplementedError
 
     def _revive_lifecycle_skips(self, schedule: Schedule, now: datetime) -> None:
-        raise NotImplementedError
-
-    def _record_change(self, schedule: Schedule, kind: ChangeKind) -> None:
         raise NotImplementedError
 
     def _check_no_lost_users(self, task_type: TaskType) -> None:
