@@ -49,7 +49,7 @@ PLAN_LINKS_MAX: Final = 200_000
 first attempt takes it); beyond, the oldest go first (executions another node runs)."""
 SERVICE_NAME_DEFAULT: Final = "carillon"
 
-# Attribute names (docs/tracing.md, "Spans").
+# Attribute names (docs/tracing.md, "What is traced").
 EXECUTION_ID: Final = "carillon.execution.id"
 SCHEDULE_ID: Final = "carillon.schedule.id"
 TENANT_ID: Final = "carillon.tenant.id"
@@ -71,6 +71,8 @@ class Tracing:
     """The tracing of one node: its tracer and the planning spans its attempts link to."""
 
     def __init__(self, tracer: Tracer, *, plan_links_max: int = PLAN_LINKS_MAX) -> None:
+        global _traced
+        _traced = True
         self.tracer = tracer
         self._plan_links: dict[tuple[str, datetime], SpanContext] = {}
         self._plan_links_max = plan_links_max
@@ -160,14 +162,17 @@ class Tracing:
         ``kind`` (``succeeded``, ``transient``, ``permanent`` or ``unknown``: the status is
         OK for ``succeeded``, an error otherwise) and ``completion`` (the outcome it was
         written with; ``None``: abandoned or cancelled, nothing written, status unset)."""
+        attributes: dict[str, str | bool] = {}
         if completion is None:
-            span.set_attribute(ABANDONED, True)
+            attributes[ABANDONED] = True
         else:
-            span.set_attribute(OUTCOME, str(completion.outcome))
+            attributes[OUTCOME] = str(completion.outcome)
             if completion.error_code is not None:
-                span.set_attribute(ERROR_CODE, completion.error_code)
+                attributes[ERROR_CODE] = completion.error_code
         if kind is not None:
-            span.set_attribute(OUTCOME_KIND, kind)
+            attributes[OUTCOME_KIND] = kind
+        span.set_attributes(attributes)
+        if kind is not None:
             if kind == "succeeded":
                 span.set_status(Status(StatusCode.OK))
             else:
@@ -203,6 +208,8 @@ def trace_headers() -> dict[str, str]:
     ``traceparent``, and ``tracestate`` when it has one; empty when tracing is off (or no
     attempt span is current). What the webhook handler sends, and what a broker handler
     puts on its message (as headers or properties of those names)."""
+    if not _traced:
+        return {}  # no node of this process traces: nothing to read (a webhook's fast path)
     span_context = trace.get_current_span().get_span_context()
     if not span_context.is_valid:
         return {}
@@ -220,6 +227,8 @@ def trace_headers() -> dict[str, str]:
 
 # -- turning it on ---------------------------------------------------------------------------
 
+_traced = False
+"""A :class:`Tracing` was made in this process: :func:`trace_headers` has spans to look for."""
 _EXPORTERS: Final = ("otlp", "console", "none")
 _provider_installed = False
 

@@ -348,12 +348,13 @@ async def test_the_attempts_trace_context_reaches_the_receiver(sink: Sink) -> No
 
     from engine.tracing import Tracing
 
-    span = TracerProvider().get_tracer("carillon").start_span("carillon.attempt")
-    token = Tracing.attach(span)  # as the worker does while the handler runs
+    tracing = Tracing(TracerProvider().get_tracer("carillon"))  # a node traces
+    span = tracing.tracer.start_span("carillon.attempt")
+    token = tracing.attach(span)  # as the worker does while the handler runs
     try:
         await webhook(sink.url()).run(make_context())
     finally:
-        Tracing.detach(token)
+        tracing.detach(token)
         span.end()
     await webhook(sink.url()).run(make_context())  # no attempt span: no trace context
     traced, untraced = sink.requests
