@@ -7,7 +7,10 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import msgspec
 import pytest
@@ -230,3 +233,90 @@ def test_an_unsampled_attempt_gives_no_exemplar() -> None:
         SpanContext(trace_id=1, span_id=2, is_remote=False, trace_flags=TraceFlags(0))
     )
     assert Tracing.exemplar(unsampled) is None
+
+
+class _OtlpReceiver(BaseHTTPRequestHandler):
+    """A collector's OTLP/HTTP trace receiver: decodes each export, keeps its span names."""
+
+    names: ClassVar[list[str]] = []
+
+    def do_POST(self) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+            ExportTraceServiceResponse,
+        )
+
+        body = self.rfile.read(int(self.headers["content-length"]))
+        request = ExportTraceServiceRequest.FromString(body)
+        for resource in request.resource_spans:
+            for scope in resource.scope_spans:
+                self.names.extend(span.name for span in scope.spans)
+        answer = ExportTraceServiceResponse().SerializeToString()
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def run_with(environ: dict[str, str], script: str) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path), **environ}
+    return subprocess.run(
+        [sys.executable, "-c", script], env=env, timeout=60, capture_output=True, text=True
+    )
+
+
+def test_the_otlp_endpoint_variable_turns_tracing_on_and_spans_reach_the_collector() -> None:
+    _OtlpReceiver.names = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _OtlpReceiver)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    try:
+        script = (
+            "from opentelemetry import trace\n"
+            "from engine.tracing import from_environment\n"
+            "tracing = from_environment()\n"
+            "with tracing.claiming(1, 1):\n"
+            "    pass\n"
+            "trace.get_tracer_provider().shutdown()\n"  # flushes the batching processor
+        )
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        done = run_with({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}, script)
+        assert done.returncode == 0, done.stderr
+    finally:
+        server.shutdown()
+        serving.join()
+        server.server_close()
+    assert _OtlpReceiver.names == ["carillon.claim"]
+
+
+@pytest.mark.parametrize(
+    ("environ", "reason"),
+    [
+        (
+            {"OTEL_TRACES_EXPORTER": "zipkin"},
+            "OTEL_TRACES_EXPORTER: zipkin not supported",
+        ),
+        (
+            {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+            "exports OTLP over HTTP (http/protobuf) only",
+        ),
+    ],
+)
+def test_settings_it_cannot_honour_stop_the_node_with_one_reason(
+    environ: dict[str, str], reason: str
+) -> None:
+    script = (
+        "from engine.errors import ConfigError\n"
+        "from engine.tracing import from_environment\n"
+        "try:\n"
+        "    from_environment()\n"
+        "except ConfigError as error:\n"
+        "    print(error)\n"
+    )
+    done = run_with(environ, script)
+    assert done.returncode == 0, done.stderr
+    assert reason in done.stdout
