@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
@@ -74,7 +75,8 @@ class Tracing:
         global _traced
         _traced = True
         self.tracer = tracer
-        self._plan_links: dict[tuple[str, datetime], SpanContext] = {}
+        self._plan_links: OrderedDict[tuple[str, datetime], SpanContext] = OrderedDict()
+        """Oldest first: evicting one is O(1) (a dict's front, deleted from, is not)."""
         self._plan_links_max = plan_links_max
 
     # -- the planner ---------------------------------------------------------------------
@@ -104,10 +106,8 @@ class Tracing:
         links = self._plan_links
         for fire in fires:
             links[fire] = span_context
-        excess = len(links) - self._plan_links_max
-        if excess > 0:
-            for fire in list(iter(links))[:excess]:  # the oldest: insertion order
-                del links[fire]
+        for _ in range(len(links) - self._plan_links_max):
+            links.popitem(last=False)  # the oldest: fires that ran elsewhere, or never
 
     # -- the dispatcher's claim ------------------------------------------------------------
 

@@ -136,6 +136,47 @@ async def test_each_attempt_is_a_span_linked_to_its_claim_and_planning_batch(
     assert SEEN[(execution_id, 2)] == {"traceparent": traceparent_of(second)}
 
 
+async def hangs(context: ExecutionContext) -> None:
+    SEEN[(context.execution_id, context.attempt)] = trace_headers()
+    await trio.sleep_forever()
+
+
+async def test_an_attempt_cut_short_by_the_node_stopping_still_ends_its_span_once(
+    autojump_clock: trio.testing.MockClock,
+    exporter: InMemorySpanExporter,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    SEEN.clear()
+    async with cluster() as c:
+        await c.ledger.task_types_put(
+            TaskTypesPut(
+                TaskType(
+                    name="hangs",
+                    kind=HandlerKind.PYTHON,
+                    timeout_s=600,
+                    allowed_tenants=TEST_TENANTS,
+                    settings={"callable": f"{__name__}:hangs", "timeout_s": 600},
+                )
+            )
+        )
+        schedules = [
+            msgspec.structs.replace(s, task_type="hangs")
+            for s in make_schedules(1, START, lambda n: ("0 * * * *", "UTC"))
+        ]
+        await create(c.ledger, schedules)
+        await c.start_node("n1", tracing=sdk_tracing(exporter))
+        await trio.sleep(3600)  # the fire at 01:00 runs (START is 00:00:30), 30 s of 600
+        assert len(SEEN) == 1
+        assert not [s for s in exporter.get_finished_spans() if s.name == "carillon.attempt"]
+    # The cluster stopped the node: the handler was cancelled, its span ended on the way out.
+    [attempt] = [s for s in exporter.get_finished_spans() if s.name == "carillon.attempt"]
+    assert attempt.attributes is not None
+    assert attempt.attributes["carillon.abandoned"] is True
+    assert "carillon.outcome" not in attempt.attributes
+    assert attempt.status.status_code is StatusCode.UNSET
+    assert "ended span" not in caplog.text  # the SDK warns when a span is ended twice
+
+
 async def test_the_plan_links_of_fires_run_elsewhere_are_bounded(
     exporter: InMemorySpanExporter,
 ) -> None:
