@@ -37,7 +37,7 @@ import logging
 import random
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import trio
@@ -71,6 +71,7 @@ from engine.errors import ConfigError, LedgerUnavailable
 from engine.gc_thresholds import raised_gc_thresholds
 from engine.ledger.base import Ledger
 from engine.metrics import NodeGauges, NodeMetrics, PartitionGauges, render
+from engine.tracing import Tracing, from_environment
 
 log = logging.getLogger("carillon.node")
 
@@ -113,7 +114,13 @@ def partition_gauges(planners: Iterable[PlannerStatistics], now: datetime) -> li
 
 class Node:
     def __init__(
-        self, config: NodeConfig, ledger: Ledger, clock: Clock, rng: random.Random
+        self,
+        config: NodeConfig,
+        ledger: Ledger,
+        clock: Clock,
+        rng: random.Random,
+        *,
+        tracing: Tracing | Literal["environment"] | None = "environment",
     ) -> None:
         self.config = config
         self.ledger = ledger
@@ -132,6 +139,8 @@ class Node:
             table=self.table,
             rng=rng,
             metrics=self.metrics,
+            # Off unless the standard OTEL_* variables ask for traces (docs/tracing.md).
+            tracing=from_environment() if tracing == "environment" else tracing,
         )
         """What the actors share, built once: a restarted actor gets the same."""
         self.membership = Membership(configs.membership, ctx=ctx, planner_lag_s=self._planner_lags)

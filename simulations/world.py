@@ -206,7 +206,9 @@ class World:
         ledger = cast(Ledger, proxy)
         config = self.params.settings.config(process.node_id, self._region(process.node_id))
         host = self.hosts[process.node_id]
-        node = Node(config, ledger, host.clock, stream(self.params.seed, f"node:{name}"))
+        node = Node(
+            config, ledger, host.clock, stream(self.params.seed, f"node:{name}"), tracing=None
+        )
         return node, ledger
 
     def _context(self, process: Process) -> None:

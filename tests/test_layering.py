@@ -193,3 +193,21 @@ def test_only_the_testing_kit_imports_it_and_only_its_contract_suite_imports_pyt
             pytest_importers.add(relative)
     assert {m for m in testing_importers if not m.startswith("testing/")} == set()
     assert {m for m in pytest_importers if not m.startswith("testing/ledger_contract/")} == set()
+
+
+OTEL_SDK_IMPORTERS = ("tracing.py",)
+"""Where the OpenTelemetry SDK and exporters (the ``tracing`` extra) may be imported: inside
+a function only, so that with tracing off they are never imported (docs/tracing.md)."""
+
+
+def test_only_the_tracing_module_imports_the_opentelemetry_sdk_and_only_lazily() -> None:
+    sdk = ("opentelemetry.sdk", "opentelemetry.exporter")
+    importers = {
+        str(path.relative_to(ENGINE))
+        for path in engine_modules()
+        if any(matches(name, prefix) for name in imports_of(path) for prefix in sdk)
+    }
+    assert importers <= set(OTEL_SDK_IMPORTERS)
+    for relative in OTEL_SDK_IMPORTERS:
+        names = module_level_imports_of(ENGINE / relative)
+        assert not any(matches(name, prefix) for name in names for prefix in sdk), relative

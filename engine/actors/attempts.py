@@ -28,13 +28,16 @@ and each slot given back wakes the dispatcher once a claim's worth is free again
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import trio
 
 from engine.core.admission import AttemptTicket, HandoffSizer, claim_size, claim_threshold
 from engine.ledger.params import Completion
 from engine.model import Execution
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import SpanContext
 
 OPEN: Final = "open"
 SLOT: Final = "slot"
@@ -51,6 +54,7 @@ class Attempt(AttemptTicket[Execution]):
 
     __slots__ = (
         "abandoned",
+        "claim_span",
         "claimed",
         "completion",
         "lease_s",
@@ -77,6 +81,9 @@ class Attempt(AttemptTicket[Execution]):
         """The attempt is no longer this node's (re-queued, partition lost): never start it,
         cancel it if it runs, write no completion."""
         self.completion: Completion | None = None
+        self.claim_span: SpanContext | None = None
+        """The span context of the claim that produced it, when tracing is on (its attempt
+        span links to it; see ``engine/tracing.py``)."""
 
     @property
     def execution(self) -> Execution:

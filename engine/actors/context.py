@@ -17,6 +17,7 @@ from engine.actors.partitions import PartitionTable
 from engine.clock import Clock
 from engine.ledger.base import Ledger
 from engine.metrics import NodeMetrics
+from engine.tracing import Tracing
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -33,3 +34,5 @@ class NodeContext:
     rng: random.Random
     """The node's one seeded stream: jitter, retry backoff (a seed reproduces a run)."""
     metrics: NodeMetrics
+    tracing: Tracing | None = None
+    """The node's tracing (``engine/tracing.py``); ``None``, the default, when it is off."""

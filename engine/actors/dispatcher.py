@@ -82,6 +82,7 @@ from engine.ledger.params import (
 )
 from engine.metrics import SKIP_OVERLAP
 from engine.model import Execution
+from engine.tracing import CLAIMED
 
 log = logging.getLogger("carillon.dispatcher")
 
@@ -159,6 +160,7 @@ class Dispatcher:
     ) -> None:
         self.config = config
         self._metrics = ctx.metrics
+        self._tracing = ctx.tracing
         self._ledger = ctx.ledger
         self._clock = clock = ctx.clock
         self._monitor = ctx.monitor
@@ -487,10 +489,22 @@ class Dispatcher:
             )
             return await self._ledger.executions_claim(params)
 
-        result, _, _ = await call_fenced(
-            fences, wanted, _partition_of, claim, rng=self._rng, log=log,
-            what="claim executions",
-        )  # fmt: skip
+        tracing = self._tracing
+        if tracing is None:
+            result, _, _ = await call_fenced(
+                fences, wanted, _partition_of, claim, rng=self._rng, log=log,
+                what="claim executions",
+            )  # fmt: skip
+        else:  # one span per claim batch; each attempt it produced links to it
+            with tracing.claiming(len(fences), len(wanted)) as span:
+                result, _, _ = await call_fenced(
+                    fences, wanted, _partition_of, claim, rng=self._rng, log=log,
+                    what="claim executions",
+                )  # fmt: skip
+                span.set_attribute(CLAIMED, len(result or ()))
+            span_context = span.get_span_context()
+            for attempt in wanted:
+                attempt.claim_span = span_context
         by_id = {attempt.item.execution_id: attempt for attempt in wanted}
         claimed: list[Attempt] = []
         for execution in result or ():

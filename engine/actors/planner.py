@@ -41,6 +41,7 @@ from engine.ledger.params import (
     Fence,
     PlannableSchedule,
     PlannedExecution,
+    PlanResult,
     ScheduleAdvance,
     SchedulesPlannable,
 )
@@ -109,6 +110,7 @@ class Planner:
     ) -> None:
         self.fence = fence
         self._metrics = ctx.metrics
+        self._tracing = ctx.tracing
         self._bulk_skips = 0
         """Ranges skipped in bulk by the batch being built; counted once it is written."""
         self._on_planned = on_planned
@@ -258,9 +260,7 @@ class Planner:
         next_instant = self._heap.next_instant()
         checkpoint = until if next_instant is None or next_instant > until else due[-1][0]
         try:
-            result = await self._ledger.executions_plan(
-                ExecutionsPlan(self.fence, executions, advances, checkpoint)
-            )
+            result = await self._plan(ExecutionsPlan(self.fence, executions, advances, checkpoint))
         except BaseException:
             # Nothing was written (or it will be re-planned idempotently): put them back.
             for schedule_id, _ in pushes:
@@ -284,6 +284,20 @@ class Planner:
         for planned_at in sorted(set(queued)):
             self._on_planned(planned_at)
         return handled
+
+    async def _plan(self, plan: ExecutionsPlan) -> PlanResult:
+        """Write ``plan``; with tracing on, as a ``carillon.plan`` span that the first
+        attempts of its queued executions link to (``engine/tracing.py``)."""
+        tracing = self._tracing
+        if tracing is None:
+            return await self._ledger.executions_plan(plan)
+        with tracing.planning(self.partition_id, len(plan.executions)) as span:
+            result = await self._ledger.executions_plan(plan)
+            tracing.planned(
+                span,
+                [(e.schedule_id, e.planned_at) for e in plan.executions if e.error_code is None],
+            )
+            return result
 
     def statistics(self) -> PlannerStatistics:
         return PlannerStatistics(

@@ -32,6 +32,9 @@ BLOCKING_KINDS: Final = frozenset({HandlerKind.PYTHON, HandlerKind.SHELL})
 """Handler kinds that hold a thread or a process while they run: bounded apart, by the
 dispatcher (the task-type group :data:`BLOCKING_GROUP`, so a backlog of them waits in its
 queue, not in workers) and by the workers (a limiter of as many threads)."""
+CALLING_OUT_KINDS: Final = frozenset({HandlerKind.WEBHOOK})
+"""Handler kinds that call another service: their attempt span is a client span, the
+parent of the receiver's trace (``engine/tracing.py``); the broker kinds belong here too."""
 BLOCKING_GROUP: Final = "blocking"
 CACHE_TTL_S_DEFAULT: Final = 10.0
 

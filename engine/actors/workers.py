@@ -50,7 +50,7 @@ import functools
 import logging
 import traceback
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeGuard, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeGuard, TypeVar
 
 import msgspec
 import trio
@@ -60,7 +60,7 @@ from engine.actors.attempts import Attempt, Room
 from engine.actors.context import NodeContext
 from engine.actors.retry import call_fenced, retry_unavailable
 from engine.actors.schedule_cache import UNCACHED, ScheduleCache
-from engine.actors.task_kinds import BLOCKING_KINDS, TaskKinds
+from engine.actors.task_kinds import BLOCKING_KINDS, CALLING_OUT_KINDS, TaskKinds
 from engine.config import BLOCKING_WORKERS_DEFAULT, WORKERS_DEFAULT
 from engine.core.retry_policy import Decision, RetryPolicy, decide
 from engine.errors import CarillonError
@@ -77,6 +77,10 @@ from engine.ledger.params import (
     Outcome,
 )
 from engine.model import Execution, Schedule
+from engine.tracing import Tracing
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 log = logging.getLogger("carillon.workers")
 
@@ -172,6 +176,7 @@ class WorkerPool:
         self._announcements = announcements
         self._room = room
         self._metrics = ctx.metrics
+        self._tracing = ctx.tracing
         self._rng = ctx.rng
         self._blocking = trio.CapacityLimiter(config.blocking_workers)
         self._busy = 0
@@ -235,107 +240,127 @@ class WorkerPool:
 
     async def _execute(self, attempt: Attempt) -> bool:
         """Run one attempt; whether it has a completion to write (an abandoned attempt has
-        none)."""
-        execution = attempt.item  # the execution (once per attempt: no property call)
-        policy = _SETUP_FAILED_POLICY
-        run_started: float | None = None
-        timeout_s = 0.0
+        none). With tracing on, its handler runs in an attempt span, ended here exactly once
+        (``engine/tracing.py``); with it off, that costs a few ``None`` checks."""
+        tracing = self._tracing
+        span: Span | None = None
+        ran_as: str | None = None
+        """The classification of the handler's result, for the span's status."""
         try:
-            # A database blip is not the execution's failure: wait it out (the attempt
-            # lease renewals wait too) instead of spending an attempt as a setup error.
-            # Both nearly always come from the caches: look there before setting up a read.
-            now = self._clock.monotonic()
-            kind = self._kinds.cached(execution.task_type, now)
-            if kind is None:
-                kind = await self._read(functools.partial(self._kinds.get, execution.task_type))
-                now = self._clock.monotonic()
-            policy = kind.policy
-            if not kind.task_type.usable_by(execution.tenant_id):
-                # The ledger lets no live schedule name a task type its tenant may not use;
-                # this run was queued (or dead-lettered) before a grant was withdrawn.
-                raise _Unavailable(
-                    f"task type {execution.task_type!r} is not available to tenant "
-                    f"{execution.tenant_id!r}"
-                )
-            cached = self._schedules.cached(execution.schedule_id, now)
-            schedule = (
-                await self._read(functools.partial(self._schedules.get, execution.schedule_id))
-                if cached is UNCACHED
-                else cached
-            )
-            if not _runs_under(schedule, execution):
-                # Gone, as cached (up to ttl_s ago): ask the ledger before skipping it.
-                refresh = functools.partial(self._schedules.refresh, execution.schedule_id)
-                schedule = await self._read(refresh)
-                if not _runs_under(schedule, execution):
-                    attempt.completion = self._schedule_gone(attempt)
-                    return True
-            context = ExecutionContext(
-                execution_id=execution.execution_id,
-                schedule_id=execution.schedule_id,
-                tenant_id=execution.tenant_id,
-                task_type=execution.task_type,
-                planned_at=execution.planned_at,
-                attempt=execution.attempt,
-                fencing_token=execution.fencing_token or 0,
-                payload=schedule.payload,
-            )
-            # One coroutine from here to the handler's result: each await level is a frame
-            # per attempt, tens of thousands a second in a burst.
-            blocking = kind.task_type.kind in BLOCKING_KINDS
-            if blocking:
-                await self._blocking.acquire()
+            execution = attempt.item  # the execution (once per attempt: no property call)
+            policy = _SETUP_FAILED_POLICY
+            run_started: float | None = None
+            timeout_s = 0.0
             try:
-                if attempt.abandoned:
-                    return False  # taken away while it waited
-                run_started = self._clock.monotonic()
-                why_not = self._why_not_start(attempt, run_started)
-                if why_not is not None:
-                    self._abandon(attempt, why_not)
-                    return False
-                timeout_s = kind.task_type.timeout_s
-                self._metrics.execution_started(
-                    execution, (self._monitor.now() - execution.planned_at).total_seconds()
+                # A database blip is not the execution's failure: wait it out (the attempt
+                # lease renewals wait too) instead of spending an attempt as a setup error.
+                # Both nearly always come from the caches: look there before setting up a read.
+                now = self._clock.monotonic()
+                kind = self._kinds.cached(execution.task_type, now)
+                if kind is None:
+                    kind = await self._read(functools.partial(self._kinds.get, execution.task_type))
+                    now = self._clock.monotonic()
+                policy = kind.policy
+                if not kind.task_type.usable_by(execution.tenant_id):
+                    # The ledger lets no live schedule name a task type its tenant may not use;
+                    # this run was queued (or dead-lettered) before a grant was withdrawn.
+                    raise _Unavailable(
+                        f"task type {execution.task_type!r} is not available to tenant "
+                        f"{execution.tenant_id!r}"
+                    )
+                cached = self._schedules.cached(execution.schedule_id, now)
+                schedule = (
+                    await self._read(functools.partial(self._schedules.get, execution.schedule_id))
+                    if cached is UNCACHED
+                    else cached
                 )
-                # One scope for both ends of a run: the deadline (the handler hangs) and an
-                # abandonment (the attempt was taken away; see _abandon).
-                deadline = trio.current_time() + timeout_s + TIMEOUT_GRACE_S
-                ran: HandlerResult | None = None
-                self._busy += 1
-                try:
-                    with trio.CancelScope(deadline=deadline) as attempt.scope:
-                        ran = await kind.handler.run(context)
-                except BaseException as error:  # the wall: see the module docstring
-                    if is_cancellation(error):
-                        raise
-                    ran = self._crashed(attempt, error)
-                finally:
-                    self._busy -= 1
-                    attempt.scope = None
-            finally:
+                if not _runs_under(schedule, execution):
+                    # Gone, as cached (up to ttl_s ago): ask the ledger before skipping it.
+                    refresh = functools.partial(self._schedules.refresh, execution.schedule_id)
+                    schedule = await self._read(refresh)
+                    if not _runs_under(schedule, execution):
+                        attempt.completion = self._schedule_gone(attempt)
+                        return True
+                context = ExecutionContext(
+                    execution_id=execution.execution_id,
+                    schedule_id=execution.schedule_id,
+                    tenant_id=execution.tenant_id,
+                    task_type=execution.task_type,
+                    planned_at=execution.planned_at,
+                    attempt=execution.attempt,
+                    fencing_token=execution.fencing_token or 0,
+                    payload=schedule.payload,
+                )
+                # One coroutine from here to the handler's result: each await level is a frame
+                # per attempt, tens of thousands a second in a burst.
+                blocking = kind.task_type.kind in BLOCKING_KINDS
                 if blocking:
-                    self._blocking.release()
-            if ran is not None and not isinstance(ran, HandlerResult):
-                ran = self._crashed(attempt, TypeError(f"the handler returned {ran!r}"))
-            elif attempt.abandoned:
-                return False  # abandoned while it ran: the attempt that replaced it counts
-            elif ran is None:  # the deadline: the handler ignored its own timeout
-                ran = HandlerResult.transient(
-                    "timeout", f"the handler did not return within {timeout_s:g} s"
-                )
-            result = ran
-        except _Unavailable as exc:
-            log.error("execution %s cannot run: %s", execution.execution_id, exc)
-            result = HandlerResult.permanent(TASK_TYPE_UNAVAILABLE, str(exc))
-        except CarillonError as exc:
-            log.error("execution %s cannot run: %s", execution.execution_id, exc)
-            result = HandlerResult.unknown("setup_error", str(exc))
-        ran_s = 0.0
-        if run_started is not None:
-            ran_s = self._clock.monotonic() - run_started
-            self._room.observe(ran_s, timeout_s)
-        attempt.completion = self._complete(attempt, result, policy, ran_s)
-        return True
+                    await self._blocking.acquire()
+                try:
+                    if attempt.abandoned:
+                        return False  # taken away while it waited
+                    run_started = self._clock.monotonic()
+                    why_not = self._why_not_start(attempt, run_started)
+                    if why_not is not None:
+                        self._abandon(attempt, why_not)
+                        return False
+                    timeout_s = kind.task_type.timeout_s
+                    delay_s = (self._monitor.now() - execution.planned_at).total_seconds()
+                    token: object = None
+                    if tracing is None:
+                        self._metrics.execution_started(execution, delay_s)
+                    else:
+                        client = kind.task_type.kind in CALLING_OUT_KINDS
+                        span = tracing.start_attempt(attempt, delay_s, client=client)
+                        exemplar = Tracing.exemplar(span)
+                        self._metrics.execution_started(execution, delay_s, exemplar=exemplar)
+                        token = Tracing.attach(span)  # the handler's current span
+                    # One scope for both ends of a run: the deadline (the handler hangs) and an
+                    # abandonment (the attempt was taken away; see _abandon).
+                    deadline = trio.current_time() + timeout_s + TIMEOUT_GRACE_S
+                    ran: HandlerResult | None = None
+                    self._busy += 1
+                    try:
+                        with trio.CancelScope(deadline=deadline) as attempt.scope:
+                            ran = await kind.handler.run(context)
+                    except BaseException as error:  # the wall: see the module docstring
+                        if is_cancellation(error):
+                            raise
+                        ran = self._crashed(attempt, error)
+                    finally:
+                        self._busy -= 1
+                        attempt.scope = None
+                        if token is not None:
+                            Tracing.detach(token)
+                finally:
+                    if blocking:
+                        self._blocking.release()
+                if ran is not None and not isinstance(ran, HandlerResult):
+                    ran = self._crashed(attempt, TypeError(f"the handler returned {ran!r}"))
+                elif attempt.abandoned:
+                    return False  # abandoned while it ran: the attempt that replaced it counts
+                elif ran is None:  # the deadline: the handler ignored its own timeout
+                    ran = HandlerResult.transient(
+                        "timeout", f"the handler did not return within {timeout_s:g} s"
+                    )
+                result = ran
+            except _Unavailable as exc:
+                log.error("execution %s cannot run: %s", execution.execution_id, exc)
+                result = HandlerResult.permanent(TASK_TYPE_UNAVAILABLE, str(exc))
+            except CarillonError as exc:
+                log.error("execution %s cannot run: %s", execution.execution_id, exc)
+                result = HandlerResult.unknown("setup_error", str(exc))
+            ran_s = 0.0
+            if span is not None:
+                ran_as = result.kind.value
+            if run_started is not None:
+                ran_s = self._clock.monotonic() - run_started
+                self._room.observe(ran_s, timeout_s)
+            attempt.completion = self._complete(attempt, result, policy, ran_s)
+            return True
+        finally:
+            if span is not None:
+                Tracing.end_attempt(span, attempt.completion, ran_as)
 
     def _schedule_gone(self, attempt: Attempt) -> Completion:
         """The completion of an attempt whose schedule was deleted after it was claimed: what

@@ -74,6 +74,7 @@ from engine.handlers.http_client import (
 )
 from engine.handlers.signing import parse_secret, signature_headers
 from engine.handlers.ssrf import AddressRefused, parse_allow_list
+from engine.tracing import trace_headers
 
 URL_CHARS_MAX: Final = 2048
 RETRY_AFTER_S_MAX: Final = 24 * 3600.0
@@ -319,6 +320,9 @@ class WebhookHandler:
             "X-Carillon-Attempt": str(context.attempt),
             "X-Carillon-Fencing-Token": str(context.fencing_token),
         }
+        traced = trace_headers()  # the attempt's trace context (none when tracing is off)
+        if traced:
+            own |= traced
         if self._key is not None:
             now = self._clock.now()
             timestamp = int(now.timestamp())

@@ -107,9 +107,13 @@ class NodeMetrics:
         or ``schedule_deleted``)."""
         self._instruments.skipped.labels(self._reasons(reason)).inc(n)
 
-    def execution_started(self, execution: Execution, start_delay_s: float) -> None:
+    def execution_started(
+        self, execution: Execution, start_delay_s: float, exemplar: dict[str, str] | None = None
+    ) -> None:
         """A worker starts ``execution``'s attempt ``start_delay_s`` after its planned instant
-        (on the clock monitor's corrected time), its setup done, just before the handler."""
+        (on the clock monitor's corrected time), its setup done, just before the handler.
+        ``exemplar``: the labels of the attempt's trace (tracing on, the span sampled), kept
+        on the start-delay bucket the first attempt lands in (OpenMetrics exposition)."""
         if execution.attempt > 1:
             self._retries_tally.n += 1
             return
@@ -121,6 +125,8 @@ class NodeMetrics:
         delay_s = start_delay_s if start_delay_s > 0.0 else 0.0
         late = delay_s > self.slo_target_s
         starts[0].observe(delay_s)
+        if exemplar is not None:
+            starts[0].exemplar(delay_s, exemplar)
         starts[1].n += 1
         if late:
             starts[2].n += 1

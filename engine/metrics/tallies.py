@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 
 from prometheus_client import Counter, Histogram
+from prometheus_client.samples import Exemplar
 
 
 class CounterTally:
@@ -38,7 +39,7 @@ class HistogramTally:
     """Observations of one histogram child not yet added to it: a count per bucket and
     their sum."""
 
-    __slots__ = ("_bounds", "_counts", "_pending", "_sum", "child")
+    __slots__ = ("_bounds", "_counts", "_exemplars", "_pending", "_sum", "child")
 
     def __init__(self, child: Histogram) -> None:
         self.child = child
@@ -46,6 +47,8 @@ class HistogramTally:
         self._counts = [0] * len(self._bounds)
         self._sum = 0.0
         self._pending = False
+        self._exemplars: dict[int, Exemplar] = {}
+        """The latest exemplar of each bucket since the last flush (tracing on only)."""
 
     def observe(self, amount: float) -> None:
         # The bucket observe() picks: the first bound >= amount (none for NaN).
@@ -55,9 +58,22 @@ class HistogramTally:
         self._sum += amount
         self._pending = True
 
+    def exemplar(self, amount: float, labels: dict[str, str]) -> None:
+        """Keep ``labels`` (a trace's ids) as the exemplar of the bucket ``amount`` -- just
+        observed -- counts in, as ``observe(amount, exemplar=labels)`` would; off the
+        :meth:`observe` path, which stays as fast when no trace is kept."""
+        index = bisect.bisect_left(self._bounds, amount)
+        if index < len(self._counts) and amount <= self._bounds[index]:
+            # No timestamp (optional in OpenMetrics): the engine reads no ambient time.
+            self._exemplars[index] = Exemplar(labels, amount)
+
     def flush(self) -> None:
         if not self._pending:
             return
+        if self._exemplars:
+            for index, exemplar in self._exemplars.items():
+                self.child._buckets[index].set_exemplar(exemplar)
+            self._exemplars.clear()
         child, counts = self.child, self._counts
         child._sum.inc(self._sum)
         for index, count in enumerate(counts):

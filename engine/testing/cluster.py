@@ -35,6 +35,7 @@ from engine.model import Execution
 from engine.node import Node
 from engine.testing.clock import SkewedClock
 from engine.testing.faulty import FaultyLedger
+from engine.tracing import Tracing
 
 CLUSTER_START: Final = datetime(2026, 3, 2, 0, 0, 30, tzinfo=UTC)
 """Where the cluster's clocks start unless told otherwise."""
@@ -83,17 +84,19 @@ class Cluster:
         *,
         skew_s: float = 0.0,
         delays: Mapping[str, float] | None = None,
+        tracing: Tracing | None = None,
         **settings: Any,
     ) -> ClusterNode:
         """Start node ``node_id`` (running once this returns), its wall clock ``skew_s``
         ahead of the database's, each call of the methods in ``delays`` taking that much
-        longer, and ``settings`` over the cluster's."""
+        longer, and ``settings`` over the cluster's; traced by ``tracing`` (off by default,
+        whatever the ``OTEL_*`` variables say)."""
         clock = SkewedClock(self.db_clock.now(), skew_s=skew_s)
         faulty = FaultyLedger(self.ledger)
         for method, seconds in (delays or {}).items():
             faulty.delay(method, seconds)
         config = NodeConfig(node_id=node_id, **{**NODE_DEFAULTS, **self.settings, **settings})
-        node = Node(config, faulty.as_ledger(), clock, random.Random(node_id))
+        node = Node(config, faulty.as_ledger(), clock, random.Random(node_id), tracing=tracing)
         started = ClusterNode(node, faulty, clock)
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -340,3 +340,30 @@ def test_retry_after_reads_seconds_and_http_dates() -> None:
     assert parse_retry_after("soon", clock) is None
     assert parse_retry_after(None, clock) is None
     assert parse_retry_after("99999999", clock) == 24 * 3600.0
+
+
+async def test_the_attempts_trace_context_reaches_the_receiver(sink: Sink) -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from engine.tracing import Tracing
+
+    tracing = Tracing(TracerProvider().get_tracer("carillon"))  # a node traces
+    span = tracing.tracer.start_span("carillon.attempt")
+    token = tracing.attach(span)  # as the worker does while the handler runs
+    try:
+        await webhook(sink.url()).run(make_context())
+    finally:
+        tracing.detach(token)
+        span.end()
+    await webhook(sink.url()).run(make_context())  # no attempt span: no trace context
+    traced, untraced = sink.requests
+    version, trace_id, parent_id, flags = traced.headers["traceparent"].split("-")
+    sent = span.get_span_context()
+    assert version == "00"
+    assert int(flags, 16) == int(sent.trace_flags)  # sampled (and, level 2, a random id)
+    assert (int(trace_id, 16), int(parent_id, 16)) == (sent.trace_id, sent.span_id)
+    assert (len(trace_id), len(parent_id)) == (32, 16)
+    assert "tracestate" not in traced.headers  # the span has none
+    assert "traceparent" not in untraced.headers
+    assert trace.get_current_span() is trace.INVALID_SPAN
