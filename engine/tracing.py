@@ -79,16 +79,11 @@ class Tracing:
         """Oldest first: evicting one is O(1) (a dict's front, deleted from, is not)."""
         self._plan_links_max = plan_links_max
 
-    # -- the planner ---------------------------------------------------------------------
-
     @contextmanager
-    def planning(self, partition_id: int, executions: int) -> Iterator[Span]:
-        """The span of one planning batch write (ended on the way out, exactly once)."""
-        span = self.tracer.start_span(
-            "carillon.plan",
-            kind=SpanKind.INTERNAL,
-            attributes={PARTITION: partition_id, EXECUTIONS: executions},
-        )
+    def _batch(self, name: str, attributes: dict[str, int]) -> Iterator[Span]:
+        """An internal span over one batch operation, ended exactly once on the way out, with
+        an error status when the batch raised."""
+        span = self.tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=attributes)
         try:
             yield span
         except BaseException as error:
@@ -96,6 +91,16 @@ class Tracing:
             raise
         finally:
             span.end()
+
+    # -- the planner ---------------------------------------------------------------------
+
+    @contextmanager
+    def planning(self, partition_id: int, executions: int) -> Iterator[Span]:
+        """The span of one planning batch write (ended on the way out, exactly once)."""
+        with self._batch(
+            "carillon.plan", {PARTITION: partition_id, EXECUTIONS: executions}
+        ) as span:
+            yield span
 
     def planned(self, span: Span, fires: Collection[tuple[str, datetime]]) -> None:
         """``span``'s batch wrote these (schedule id, planned-at) fires as queued: their
@@ -114,18 +119,10 @@ class Tracing:
     @contextmanager
     def claiming(self, partitions: int, executions: int) -> Iterator[Span]:
         """The span of one claim batch (ended on the way out, exactly once)."""
-        span = self.tracer.start_span(
-            "carillon.claim",
-            kind=SpanKind.INTERNAL,
-            attributes={PARTITIONS: partitions, EXECUTIONS: executions},
-        )
-        try:
+        with self._batch(
+            "carillon.claim", {PARTITIONS: partitions, EXECUTIONS: executions}
+        ) as span:
             yield span
-        except BaseException as error:
-            span.set_status(Status(StatusCode.ERROR, type(error).__name__))
-            raise
-        finally:
-            span.end()
 
     # -- the attempt -------------------------------------------------------------------------
 

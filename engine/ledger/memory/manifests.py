@@ -34,13 +34,6 @@ from engine.ledger.manifests import (
     planned,
 )
 from engine.ledger.memory.state import MemoryState
-from engine.ledger.params import (
-    SCHEDULE_DELETED,
-    SCHEDULE_DELETED_MESSAGE,
-    SCHEDULE_PAUSED,
-    SCHEDULE_PAUSED_MESSAGE,
-    ChangeKind,
-)
 from engine.model import (
     AuditAction,
     Schedule,
@@ -106,6 +99,17 @@ class ManifestMethods(MemoryState):
         raise NotImplementedError
 
     def _check_no_lost_users(self, task_type: TaskType) -> None:
+        raise NotImplementedError
+
+    def _store_created(
+        self, schedule: Schedule, tombstone: Schedule | None, now: datetime
+    ) -> Schedule:
+        raise NotImplementedError
+
+    def _store_updated(self, current: Schedule, replacement: Schedule, now: datetime) -> Schedule:
+        raise NotImplementedError
+
+    def _store_deleted(self, current: Schedule, now: datetime) -> None:
         raise NotImplementedError
 
     async def manifests_apply(self, params: ManifestsApply) -> list[ManifestDone]:
@@ -197,10 +201,7 @@ class ManifestMethods(MemoryState):
             raise _moved("schedule", change, current)
         if change.action is ManifestAction.DELETE:
             assert current is not None  # the version check above
-            del self._schedules[current.schedule_id]
-            self._tombstones[current.schedule_id] = current
-            self._skip_pending(current.schedule_id, now, SCHEDULE_DELETED, SCHEDULE_DELETED_MESSAGE)
-            self._record_change(current, ChangeKind.DELETED)
+            self._store_deleted(current, now)
             return None
         schedule = change.record
         if not isinstance(schedule, Schedule) or schedule.schedule_id != change.name:
@@ -217,30 +218,8 @@ class ManifestMethods(MemoryState):
                 )
             self._require_quotas([schedule])
             self._tombstones.pop(schedule.schedule_id, None)
-            stored = msgspec.structs.replace(
-                schedule,
-                version=1 if tombstone is None else tombstone.version + 1,
-                partition_id=self._partition(schedule.schedule_id),
-                updated_at=now,
-            )
-            self._schedules[stored.schedule_id] = stored
-            if tombstone is not None and stored.enabled:
-                self._revive_lifecycle_skips(stored, now)
-            self._record_change(stored, ChangeKind.CREATED)
-            return stored.version
-        stored = msgspec.structs.replace(
-            schedule,
-            version=current.version + 1,
-            partition_id=current.partition_id,
-            updated_at=now,
-        )
-        self._schedules[stored.schedule_id] = stored
-        if current.enabled and not stored.enabled:
-            self._skip_pending(stored.schedule_id, now, SCHEDULE_PAUSED, SCHEDULE_PAUSED_MESSAGE)
-        elif stored.enabled and not current.enabled:
-            self._revive_lifecycle_skips(stored, now)
-        self._record_change(stored, ChangeKind.UPDATED)
-        return stored.version
+            return self._store_created(schedule, tombstone, now).version
+        return self._store_updated(current, schedule, now).version
 
     def _task_type_change(self, change: ManifestChange, now: datetime) -> int | None:
         current = self._task_types.find(change.name)

@@ -82,17 +82,7 @@ class ScheduleMethods(MemoryState):
         created = []
         for schedule in checked:
             tombstone = self._tombstones.pop(schedule.schedule_id, None)
-            stored = msgspec.structs.replace(
-                schedule,
-                version=1 if tombstone is None else tombstone.version + 1,
-                partition_id=self._partition(schedule.schedule_id),
-                updated_at=now,
-            )
-            self._schedules[stored.schedule_id] = stored
-            if tombstone is not None and stored.enabled:
-                self._revive_lifecycle_skips(stored, now)
-            self._record_change(stored, ChangeKind.CREATED)
-            created.append(stored)
+            created.append(self._store_created(schedule, tombstone, now))
         return created
 
     async def schedules_update(self, params: SchedulesUpdate) -> Schedule:
@@ -105,6 +95,40 @@ class ScheduleMethods(MemoryState):
                 "schedule", current.schedule_id, current.version, params.expected_version
             )
         now = self._now()
+        return self._store_updated(current, replacement, now)
+
+    async def schedules_delete(self, params: SchedulesDelete) -> Schedule:
+        await trio.lowlevel.checkpoint()
+        current = self._live_schedule(params.schedule_id)
+        expected = params.expected_version
+        if expected is not None and current.version != expected:
+            raise version_conflict("schedule", current.schedule_id, current.version, expected)
+        self._store_deleted(current, self._now())
+        return current
+
+    # The three writes of a schedule, each with its effects on the executions and the change
+    # feed; the single-object methods above and a manifest apply both make them.
+
+    def _store_created(
+        self, schedule: Schedule, tombstone: Schedule | None, now: datetime
+    ) -> Schedule:
+        """Store a new schedule (``tombstone``: the deleted one of its id, popped by the
+        caller, whose version it continues and whose lifecycle skips it may revive)."""
+        stored = msgspec.structs.replace(
+            schedule,
+            version=1 if tombstone is None else tombstone.version + 1,
+            partition_id=self._partition(schedule.schedule_id),
+            updated_at=now,
+        )
+        self._schedules[stored.schedule_id] = stored
+        if tombstone is not None and stored.enabled:
+            self._revive_lifecycle_skips(stored, now)
+        self._record_change(stored, ChangeKind.CREATED)
+        return stored
+
+    def _store_updated(self, current: Schedule, replacement: Schedule, now: datetime) -> Schedule:
+        """Replace ``current`` (its partition kept, its version moved on); a pause skips its
+        pending fires, a resume revives the skips a pause made."""
         stored = msgspec.structs.replace(
             replacement,
             version=current.version + 1,
@@ -119,18 +143,12 @@ class ScheduleMethods(MemoryState):
         self._record_change(stored, ChangeKind.UPDATED)
         return stored
 
-    async def schedules_delete(self, params: SchedulesDelete) -> Schedule:
-        await trio.lowlevel.checkpoint()
-        current = self._live_schedule(params.schedule_id)
-        expected = params.expected_version
-        if expected is not None and current.version != expected:
-            raise version_conflict("schedule", current.schedule_id, current.version, expected)
-        now = self._now()
+    def _store_deleted(self, current: Schedule, now: datetime) -> None:
+        """Move ``current`` to the tombstones and skip its pending fires."""
         del self._schedules[current.schedule_id]
         self._tombstones[current.schedule_id] = current
         self._skip_pending(current.schedule_id, now, SCHEDULE_DELETED, SCHEDULE_DELETED_MESSAGE)
         self._record_change(current, ChangeKind.DELETED)
-        return current
 
     async def schedules_get(self, schedule_id: str) -> Schedule:
         await trio.lowlevel.checkpoint()
