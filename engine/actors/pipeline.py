@@ -19,7 +19,9 @@ the stages and built here: the :class:`~engine.core.dispatch.ConcurrencyLimits`,
 
 The pipeline also owns the node's webhook client (:mod:`engine.handlers.http_client`):
 keep-alive connections pooled per vetted address, opened with the pipeline and closed with
-it, so every webhook task type shares them.
+it, so every webhook task type shares them; and the node's broker bridge
+(:mod:`engine.handlers.brokers`): the message-broker clients on their own asyncio loop,
+pooled per vetted settings, closed with the pipeline.
 
 **A restart is a fresh pipeline.** The node's supervisor runs the pipeline as one child
 whose factory builds a new instance from its config, so nothing a crashed pipeline counted
@@ -62,6 +64,7 @@ from engine.clock import Clock
 from engine.core.admission import HandoffSizer
 from engine.core.dispatch import ConcurrencyLimits
 from engine.handlers import HandlerOptions
+from engine.handlers.brokers import open_broker_bridge
 from engine.handlers.http_client import WebhookClientConfig, open_webhook_client
 from engine.ledger.base import Ledger
 from engine.metrics import NodeMetrics
@@ -179,9 +182,11 @@ class ExecutionPipeline:
         try:
             async with (
                 open_webhook_client(self.config.webhook) as webhook_client,
+                open_broker_bridge() as brokers,
                 trio.open_nursery() as nursery,
             ):
                 self._kinds.webhook_client = webhook_client
+                self._kinds.brokers = brokers
                 await nursery.start(self.completions.run, completed_receive)
                 await nursery.start(self.workers.run, claimed_receive, completed_send)
                 await nursery.start(self.dispatcher.run, claimed_send)

@@ -22,6 +22,7 @@ from engine.clock import Clock
 from engine.core.retry_policy import RetryPolicy
 from engine.errors import CarillonError
 from engine.handlers import Handler, HandlerOptions, build_handler
+from engine.handlers.brokers import BrokerBridge
 from engine.handlers.http_client import WebhookClient
 from engine.ledger.base import Ledger
 from engine.model import HandlerKind, TaskType
@@ -68,6 +69,9 @@ class TaskKinds:
         self.webhook_client: WebhookClient | None = None
         """The pipeline's shared webhook client, set while it runs; handlers built meanwhile
         deliver through it."""
+        self.brokers: BrokerBridge | None = None
+        """The pipeline's broker bridge, set while it runs; broker handlers built meanwhile
+        publish through it."""
 
     def cached(self, name: str, now: float) -> TaskKind | None:
         """The fresh entry for ``name``, or ``None`` (then :meth:`get` reads it)."""
@@ -114,6 +118,7 @@ class TaskKinds:
                 options=self._options,
                 clock=self._wall_clock,
                 webhook_client=self.webhook_client,
+                brokers=self.brokers,
             )
             policy = RetryPolicy(
                 max_attempts=task_type.max_attempts,

@@ -14,6 +14,7 @@ from typing import Any, Final
 from engine.clock import Clock, SystemClock
 from engine.errors import InvalidField
 from engine.handlers.base import Handler, HandlerOptions, check_timeout_s, parse_settings
+from engine.handlers.brokers import BrokerBridge
 from engine.handlers.http_client import WebhookClient
 from engine.handlers.noop import NoopHandler
 from engine.handlers.python import PythonHandler, PythonSettings, check_callable_path
@@ -49,12 +50,14 @@ def build_handler(
     options: HandlerOptions,
     clock: Clock | None = None,
     webhook_client: WebhookClient | None = None,
+    brokers: BrokerBridge | None = None,
 ) -> Handler:
     """A ready handler of ``kind`` configured by ``settings``.
 
     ``clock`` supplies wall time where a handler needs it (webhook signature timestamps,
     HTTP-date ``Retry-After``); the system clock by default. ``webhook_client`` is the
-    node's shared HTTP client for webhooks (a per-run default without one). Raises
+    node's shared HTTP client for webhooks (a per-run default without one); ``brokers`` the
+    node's broker bridge, which the message-broker kinds publish through. Raises
     :class:`~engine.errors.InvalidField` for an unknown kind or bad settings, with a message
     that says how to fix them.
     """
