@@ -186,6 +186,7 @@ class Node:
         )
         self._handler_options = HandlerOptions(
             webhook_allow_cidrs=config.webhook_allow_list,
+            broker_allow_cidrs=config.broker_allow_list,
             enable_shell=config.enable_shell,
             enable_python=config.enable_python,
             python_modules=config.python_module_list,

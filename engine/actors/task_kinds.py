@@ -24,6 +24,7 @@ from engine.errors import CarillonError
 from engine.handlers import Handler, HandlerOptions, build_handler
 from engine.handlers.brokers import BrokerBridge
 from engine.handlers.http_client import WebhookClient
+from engine.handlers.registry import retry_horizon_of
 from engine.ledger.base import Ledger
 from engine.model import HandlerKind, TaskType
 
@@ -119,6 +120,7 @@ class TaskKinds:
                 clock=self._wall_clock,
                 webhook_client=self.webhook_client,
                 brokers=self.brokers,
+                retry_horizon_s=retry_horizon_of(task_type),
             )
             policy = RetryPolicy(
                 max_attempts=task_type.max_attempts,
