@@ -233,7 +233,7 @@ def dedup_ttl_s(requested: int | None, retry_horizon_s: float) -> int:
         )
     if requested < horizon:
         raise InvalidField(
-            f"redis handler: dedup_ttl_s ({requested} s) is shorter than this task type's worst "
+            f"redis handler: dedup_ttl_s ({requested} s) is less than this task type's worst "
             f"retry horizon ({horizon} s: its attempts, timeouts, redeliveries and backoffs), so "
             "a late retry could append the same execution twice. Raise dedup_ttl_s to at least "
             f"{horizon}, or leave it out (default: {max(DEDUP_TTL_S_DEFAULT, horizon)})"

@@ -387,7 +387,7 @@ def test_a_dedup_expiry_shorter_than_the_worst_retry_horizon_is_refused() -> Non
     horizon = math.ceil(retry_horizon_of(task_type))
     assert horizon > 3600
 
-    with pytest.raises(InvalidField, match=r"shorter than this task type's worst retry horizon"):
+    with pytest.raises(InvalidField, match=r"less than this task type's worst retry horizon"):
         check_settings("redis", task_type.settings, retry_horizon_s=horizon)
     check_settings("redis", {**task_type.settings, "dedup_ttl_s": horizon}, retry_horizon_s=horizon)
     # Left out, it covers the horizon: a day, or the horizon when that is longer.
