@@ -121,6 +121,7 @@ class TaskKinds:
                 webhook_client=self.webhook_client,
                 brokers=self.brokers,
                 retry_horizon_s=retry_horizon_of(task_type),
+                task_type_name=task_type.name,
             )
             policy = RetryPolicy(
                 max_attempts=task_type.max_attempts,

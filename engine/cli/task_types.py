@@ -45,12 +45,14 @@ _KIND_OPTIONS: Final = {
     HandlerKind.SHELL: ("argv", "env"),
     HandlerKind.NOOP: ("delay",),
     HandlerKind.REDIS: ("url", "stream", "maxlen", "dedup_ttl"),
+    HandlerKind.NATS: ("url", "subject", "stream"),
 }
 _REQUIRED: Final = {
     HandlerKind.WEBHOOK: "url",
     HandlerKind.PYTHON: "callable",
     HandlerKind.SHELL: "argv",
     HandlerKind.REDIS: "url",
+    HandlerKind.NATS: "url",
 }
 _LIMITS: Final = {
     "timeout": "timeout_s",
@@ -137,7 +139,8 @@ def _add_set(actions: Any) -> None:
     kinds.add_argument(
         "--url",
         help="webhook: the http(s) URL to POST to; redis: the server, "
-        "redis[s]://[user:password@]host[:port][/db] (credentials never printed back)",
+        "redis[s]://[user:password@]host[:port][/db]; nats: nats|tls://[credentials@]host[:port] "
+        "(credentials never printed back)",
     )
     kinds.add_argument("--secret", help="webhook: signing secret (never printed back)")
     kinds.add_argument(
@@ -157,7 +160,12 @@ def _add_set(actions: Any) -> None:
         help="shell: an environment variable for the command (repeatable)",
     )
     kinds.add_argument("--delay", type=float, metavar="S", help="noop: seconds to wait")
-    kinds.add_argument("--stream", help="redis: the stream's key to append to")
+    kinds.add_argument(
+        "--stream",
+        help="redis: the stream's key to append to; nats: the JetStream stream the subject "
+        "must land in",
+    )
+    kinds.add_argument("--subject", help="nats: the subject to publish to")
     kinds.add_argument(
         "--maxlen", type=int, metavar="N", help="redis: keep about N entries (MAXLEN ~)"
     )
@@ -347,6 +355,12 @@ def _settings(kind: HandlerKind, args: argparse.Namespace) -> dict[str, Any]:
             settings["maxlen"] = args.maxlen
         if args.dedup_ttl is not None:
             settings["dedup_ttl_s"] = args.dedup_ttl
+    elif kind is HandlerKind.NATS:
+        settings["url"] = args.url
+        if args.subject is not None:
+            settings["subject"] = args.subject
+        if args.stream is not None:
+            settings["stream"] = args.stream
     elif args.delay is not None:
         settings["delay_s"] = args.delay
     return settings

@@ -17,6 +17,7 @@ from engine.errors import InvalidField
 from engine.handlers.base import Handler, HandlerOptions, check_timeout_s, parse_settings
 from engine.handlers.brokers import BrokerBridge
 from engine.handlers.http_client import WebhookClient
+from engine.handlers.nats_jetstream import NatsHandler
 from engine.handlers.noop import NoopHandler
 from engine.handlers.python import PythonHandler, PythonSettings, check_callable_path
 from engine.handlers.redis_stream import RedisHandler
@@ -24,7 +25,7 @@ from engine.handlers.shell import ShellHandler
 from engine.handlers.webhook import WebhookHandler
 from engine.model import TaskType
 
-HANDLER_KINDS: Final = ("noop", "python", "redis", "shell", "webhook")
+HANDLER_KINDS: Final = ("nats", "noop", "python", "redis", "shell", "webhook")
 _EVERY_KIND: Final = HandlerOptions(enable_shell=True, enable_python=True)
 
 
@@ -68,6 +69,7 @@ def build_handler(
     webhook_client: WebhookClient | None = None,
     brokers: BrokerBridge | None = None,
     retry_horizon_s: float = 0.0,
+    task_type_name: str = "",
 ) -> Handler:
     """A ready handler of ``kind`` configured by ``settings``.
 
@@ -76,7 +78,8 @@ def build_handler(
     node's shared HTTP client for webhooks (a per-run default without one); ``brokers`` the
     node's broker bridge, which the message-broker kinds publish through, and
     ``retry_horizon_s`` the task type's worst retry horizon (:func:`retry_horizon_of`),
-    which their deduplication must outlast. Raises
+    which their deduplication must outlast (``task_type_name`` names the task type in the
+    warnings of those that can only check that when they publish). Raises
     :class:`~engine.errors.InvalidField` for an unknown kind or bad settings, with a message
     that says how to fix them.
     """
@@ -93,5 +96,13 @@ def build_handler(
     if kind == "redis":
         return RedisHandler(
             settings, options=options, retry_horizon_s=retry_horizon_s, brokers=brokers
+        )
+    if kind == "nats":
+        return NatsHandler(
+            settings,
+            options=options,
+            retry_horizon_s=retry_horizon_s,
+            brokers=brokers,
+            task_type=task_type_name,
         )
     raise InvalidField(f"unknown handler kind {kind!r}; choose one of {', '.join(HANDLER_KINDS)}")

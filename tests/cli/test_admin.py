@@ -110,7 +110,11 @@ async def test_task_type_kinds_store_their_settings_and_the_limits(api: Api, cli
          "granted to tenants by name only"),
         (["set", "x", "--kind", "noop", "--tenant", "acme", "--allow", "acme"],
          "not allowed with argument"),
-        (["set", "x", "--kind", "noop", "--stream", "s"], "--stream applies only to --kind redis"),
+        (["set", "x", "--kind", "noop", "--stream", "s"],
+         "--stream applies only to --kind redis or nats"),
+        (["set", "x", "--kind", "redis", "--url", "redis://h/0", "--subject", "s"],
+         "--subject applies only to --kind nats"),
+        (["set", "x", "--kind", "nats", "--url", "nats://h", "--subject", "a.*"], "wildcards"),
         (["set", "x", "--kind", "redis", "--url", "redis://10.0.0.5/0"], "stream"),
         (["set", "x", "--kind", "redis", "--url", "redis://10.0.0.5/0", "--stream", "s",
           "--dedup-ttl", "60", "--max-attempts", "3"],
@@ -149,6 +153,22 @@ async def test_a_redis_task_type_is_set_and_its_urls_credentials_never_printed(
     shown = await cli("task-type", "show", "ticks")
     assert f"url: redis://{fingerprint('app:pw-Hunter2')}@10.0.0.5:6379/0" in shown.out
     assert "pw-Hunter2" not in shown.out
+
+
+async def test_a_nats_task_type_is_set_with_its_subject_and_expected_stream(
+    api: Api, cli: Cli
+) -> None:
+    result = await cli(
+        "task-type", "set", "ticks", "--kind", "nats", "--url", "nats://tok-3n@10.0.0.5:4222",
+        "--subject", "ticks.report", "--stream", "TICKS",
+    )  # fmt: skip
+    assert (result.code, result.err) == (0, "")
+    assert "tok-3n" not in result.out
+    stored = await api.ledger.task_types_get("ticks")
+    assert (stored.kind, stored.settings) == (
+        HandlerKind.NATS,
+        {"url": "nats://tok-3n@10.0.0.5:4222", "subject": "ticks.report", "stream": "TICKS"},
+    )
 
 
 async def test_task_type_owner_and_grants_decide_which_tenants_may_use_it(

@@ -1,6 +1,6 @@
 -- Carillon schema, version 9: task types may publish to a message broker.
 --
--- Two more handler kinds (docs/targets.md; engine/handlers/redis_stream.py for redis):
+-- Two more handler kinds (docs/targets.md; engine/handlers/redis_stream.py, nats_jetstream.py):
 -- 'redis' appends to a Redis stream once per execution id, 'nats' publishes to a JetStream
 -- subject with the execution id as its Nats-Msg-Id. Their settings are jsonb like every
 -- kind's, checked by the handler registry before they are stored.
