@@ -1,13 +1,14 @@
 """A burst of broker publishes: N executions of a message-broker task type due at one instant.
 
-Per broker kind (``--brokers``; ``redis`` for now), each burst in a throwaway database
+Per broker kind (``--brokers``: ``redis`` and ``nats``), each burst in a throwaway database
 (``carillon_brokers_<hex>``) of the resolved server: one task type ``publish`` of that kind,
 its settings at their defaults (for redis: 64 connections, no trimming), and N schedules
 (default 20,000) over 20 tenants, all due at one instant T. One node runs in this process
 (PostgresLedger on the bridge, real clock, ``NodeConfig`` at its defaults apart from its id,
 the log level, ``broker_allow_cidrs="127.0.0.0/8"`` and no HTTP API). The broker is a
-private server started for the run on a free port (``redis-server``, persistence off: the
-figures are the engine's and the client's, not a disk's), never the machine's shared one.
+private server started for the run on a free port (``redis-server`` with persistence off,
+``nats-server -js`` with a memory-stored stream: the figures are the engine's and the
+client's, not a disk's), never the machine's shared one.
 
 Reported per broker: publishes/s (N / T until the last execution had succeeded in the
 ledger: the last publish acknowledged and its completion written), T until all were
@@ -17,7 +18,8 @@ ids (exactly N each: nothing lost, nothing twice), the ledger's duplicates
 **bare loop**: the same client and the same publish (the handler's own connect and publish
 coroutines, so the same Lua script and fields) driven by a plain uvloop loop -- no trio, no
 bridge, no engine -- with as many publishes in flight as the handler's connection pool
-allows, N publishes of fresh ids after a warm-up. The node's publishes/s is given as a ratio
+allows (redis) or 64 at once on the one connection (nats), N publishes of fresh ids after a
+warm-up. The node's publishes/s is given as a ratio
 of the bare loop's: what the engine's path (planning, claims and completions in PostgreSQL,
 the hop to the broker bridge) leaves of what the client can do.
 
@@ -49,6 +51,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
+import nats
 import redis
 import trio
 import uvloop
@@ -76,6 +79,7 @@ from benchmarks._report import (
 from engine.clock import SystemClock
 from engine.config import BURST_PLAN_RATE_PER_S_DEFAULT, WORKERS_DEFAULT, LogLevel, NodeConfig
 from engine.handlers import ExecutionContext, HandlerOptions
+from engine.handlers.nats_jetstream import NatsHandler
 from engine.handlers.redis_stream import MAX_CONNECTIONS_DEFAULT, RedisHandler
 from engine.ledger.base import SchedulesCreate, TaskTypesPut
 from engine.ledger.database import resolve_database
@@ -87,6 +91,8 @@ ALLOW: Final = "127.0.0.0/8"
 TASK_TYPE: Final = "publish"
 EXECUTIONS_DEFAULT: Final = 20_000
 REDIS_SERVER: Final = shutil.which("redis-server") or "/usr/bin/redis-server"
+NATS_SERVER: Final = shutil.which("nats-server") or "/usr/sbin/nats-server"
+NATS_IN_FLIGHT: Final = 64
 
 
 def free_port() -> int:
@@ -157,43 +163,124 @@ def redis_landed(url: str, target: str) -> tuple[int, int]:
     return len(entries), len({fields["execution_id"] for _, fields in entries})
 
 
+_PLANNED: Final = datetime.now(UTC)
+
+
+def _context(execution_id: str) -> ExecutionContext:
+    return ExecutionContext(
+        execution_id=execution_id,
+        schedule_id=execution_id,
+        tenant_id="tenant-00",
+        task_type=TASK_TYPE,
+        planned_at=_PLANNED,
+        attempt=1,
+        fencing_token=1,
+    )
+
+
+async def _bare(publish: Callable[[str], Any], n: int, in_flight: int) -> float:
+    """Publishes/s of ``publish`` with ``in_flight`` at once: N fresh ids after a warm-up."""
+
+    async def worker(first: int, count: int, prefix: str) -> None:
+        for index in range(first, first + count):
+            await publish(f"{prefix}{index}")
+
+    share = max(n // in_flight, 1)
+    await asyncio.gather(*(worker(w, 1, "warm-") for w in range(in_flight)))
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(w * share, share, "bare-") for w in range(in_flight)))
+    return share * in_flight / (time.perf_counter() - started)
+
+
 async def _redis_bare(url: str, target: str, n: int) -> float:
     """The handler's own connect and publish coroutines, on a plain uvloop loop."""
     handler = RedisHandler(redis_settings(url, target), options=HandlerOptions())
     client = await handler._connector(ipaddress.ip_address("127.0.0.1"))()
-    in_flight = MAX_CONNECTIONS_DEFAULT
-    planned = datetime.now(UTC)
-
-    def context(execution_id: str) -> ExecutionContext:
-        return ExecutionContext(
-            execution_id=execution_id,
-            schedule_id=execution_id,
-            tenant_id="tenant-00",
-            task_type=TASK_TYPE,
-            planned_at=planned,
-            attempt=1,
-            fencing_token=1,
-        )
-
-    async def worker(first: int, count: int, prefix: str) -> None:
-        for index in range(first, first + count):
-            await handler._op(context(f"{prefix}{index}"))(client)
-
     try:
-        share = max(n // in_flight, 1)
-        await asyncio.gather(*(worker(w, 1, "warm-") for w in range(in_flight)))
-        started = time.perf_counter()
-        await asyncio.gather(
-            *(worker(w * share, share, "bare-") for w in range(in_flight)),
-        )
-        elapsed = time.perf_counter() - started
+        return await _bare(lambda i: handler._op(_context(i))(client), n, MAX_CONNECTIONS_DEFAULT)
     finally:
         await client.aclose()
-    return share * in_flight / elapsed
 
 
 def redis_bare(url: str, target: str, n: int) -> float:
     return uvloop.run(_redis_bare(url, target, n))
+
+
+@contextmanager
+def nats_serve() -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix="bench-brokers-nats-") as directory:
+        port = free_port()
+        process = subprocess.Popen(
+            [NATS_SERVER, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", directory],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline or process.poll() is not None:
+                        raise
+                    time.sleep(0.05)
+            yield f"nats://127.0.0.1:{port}"
+        finally:
+            process.terminate()
+            process.wait(10)
+
+
+def _stream_of(target: str) -> str:
+    return "BENCH_" + "".join(ch if ch.isalnum() else "_" for ch in target).upper()
+
+
+async def _nats(url: str, action: Callable[[Any], Any]) -> Any:
+    nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
+    try:
+        return await action(nc.jetstream())
+    finally:
+        await nc.close()
+
+
+def nats_settings(url: str, target: str) -> dict[str, Any]:
+    """A memory-stored stream of its own for ``target`` (the subject), created here."""
+    subject = target.replace(":", ".")
+
+    async def add(js: Any) -> None:
+        await js.add_stream(name=_stream_of(target), subjects=[subject], storage="memory")
+
+    uvloop.run(_nats(url, add))
+    return {"url": url, "subject": subject}
+
+
+def nats_landed(url: str, target: str) -> tuple[int, int]:
+    async def read(js: Any) -> tuple[int, int]:
+        info = await js.stream_info(_stream_of(target))
+        ids = []
+        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            if info.state.messages:
+                message = await js.get_msg(_stream_of(target), seq)
+                ids.append((message.headers or {}).get("Nats-Msg-Id"))
+        return len(ids), len(set(ids))
+
+    return uvloop.run(_nats(url, read))  # type: ignore[no-any-return]
+
+
+async def _nats_bare(url: str, subject: str, n: int) -> float:
+    """The handler's own connect and publish coroutines, on a plain uvloop loop."""
+    handler = NatsHandler({"url": url, "subject": subject}, options=HandlerOptions())
+    handler._window_checked = True  # the bare loop publishes only
+    client = await handler._connector(ipaddress.ip_address("127.0.0.1"))()
+    try:
+        return await _bare(lambda i: handler._op(_context(i))(client), n, NATS_IN_FLIGHT)
+    finally:
+        await client.aclose()
+
+
+def nats_bare(url: str, target: str, n: int) -> float:
+    subject = nats_settings(url, target)["subject"]  # a stream of its own
+    return uvloop.run(_nats_bare(url, subject, n))
 
 
 BROKERS: Final = {
@@ -205,6 +292,15 @@ BROKERS: Final = {
         redis_landed,
         redis_bare,
         MAX_CONNECTIONS_DEFAULT,
+    ),
+    "nats": Broker(
+        HandlerKind.NATS,
+        "nats (JetStream, Nats-Msg-Id)",
+        nats_serve,
+        nats_settings,
+        nats_landed,
+        nats_bare,
+        NATS_IN_FLIGHT,
     ),
 }
 
