@@ -242,14 +242,21 @@ def dedup_ttl_s(requested: int | None, retry_horizon_s: float) -> int:
 
 
 class _TlsConnection(SSLConnection):
-    """A TLS connection to a vetted address that checks the certificate of the host name."""
+    """A TLS connection to a vetted address that checks the certificate of the host name
+    (against the system's trust store, or ``tls_context``'s)."""
 
-    def __init__(self, *, tls_name: str, **kwargs: Any) -> None:
+    def __init__(
+        self, *, tls_name: str, tls_context: ssl.SSLContext | None = None, **kwargs: Any
+    ) -> None:
         self._tls_name = tls_name
+        self._tls_context = tls_context
         super().__init__(**kwargs)
 
     def _connection_arguments(self) -> Mapping[str, Any]:
-        return {**super()._connection_arguments(), "server_hostname": self._tls_name}
+        arguments = {**super()._connection_arguments(), "server_hostname": self._tls_name}
+        if self._tls_context is not None:
+            arguments["ssl"] = self._tls_context
+        return arguments
 
 
 class _Client:
@@ -285,8 +292,12 @@ class RedisHandler:
         options: HandlerOptions,
         retry_horizon_s: float = 0.0,
         brokers: BrokerBridge | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         parsed = parse_settings("redis", settings, RedisSettings)
+        self._ssl_context = ssl_context
+        """Replaces the system's trust store for ``rediss`` (clients made with it are pooled
+        apart)."""
         self._target = parse_redis_url(parsed.url)
         self._stream = check_stream(parsed.stream)
         if parsed.maxlen is not None and not 1 <= parsed.maxlen <= MAXLEN_MAX:
@@ -370,11 +381,13 @@ class RedisHandler:
             target.username,
             target.password,
             self._max_connections,
+            id(self._ssl_context) if self._ssl_context is not None else None,
         )
 
     def _connector(self, address: IPAddress) -> Any:
         target = self._target
         max_connections = self._max_connections
+        ssl_context = self._ssl_context
 
         async def connect() -> _Client:
             # No I/O here: redis-py connects on the first command.
@@ -382,7 +395,11 @@ class RedisHandler:
             connection_class: type[Connection] = Connection
             if target.tls:
                 connection_class = _TlsConnection
-                tls = {"tls_name": target.host, "ssl_cert_reqs": ssl.CERT_REQUIRED}
+                tls = {
+                    "tls_name": target.host,
+                    "tls_context": ssl_context,
+                    "ssl_cert_reqs": ssl.CERT_REQUIRED,
+                }
             pool = BlockingConnectionPool(
                 connection_class=connection_class,
                 max_connections=max_connections,

@@ -11,7 +11,10 @@ import functools
 import math
 import random
 import secrets
+import ssl
+import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,7 +35,14 @@ from engine.handlers.redis_stream import (
 from engine.handlers.registry import build_handler, check_settings, retry_horizon_of
 from engine.model import HandlerKind, TaskType
 from tests.handlers.conftest import make_context
-from tests.handlers.redis_server import RedisServer, entries, free_port, redis_server
+from tests.handlers.redis_server import (
+    REDIS_SERVER,
+    RedisServer,
+    entries,
+    free_port,
+    redis_server,
+)
+from tests.handlers.test_webhook_tls import FixedResolver
 
 __all__ = ["redis_server"]  # the fixture, imported for this module's tests
 
@@ -230,6 +240,44 @@ async def test_a_timeout_cancels_the_publish_on_the_loop_and_keeps_no_connection
     assert again.kind is OutcomeKind.SUCCEEDED
     ids = [e["execution_id"] for e in entries(redis_server.url, "ticks")]
     assert sorted(ids) == sorted({"warm", make_context().execution_id, "e0"})
+
+
+async def test_rediss_goes_to_the_vetted_address_and_checks_the_host_names_certificate(
+    brokers: BrokerBridge, tmp_path: Path, certificate: tuple[Path, Path]
+) -> None:
+    cert, key = certificate
+    port = free_port()
+    server = subprocess.Popen(
+        [REDIS_SERVER, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+         "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-auth-clients", "no",
+         "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    previous = trio.socket.set_custom_hostname_resolver(FixedResolver())  # any name: 127.0.0.1
+    trusted = ssl.create_default_context(cafile=str(cert))
+
+    def publisher(host: str, context: ssl.SSLContext | None) -> RedisHandler:
+        settings = {"url": f"rediss://{host}:{port}/0", "stream": "ticks"}
+        return RedisHandler(settings, options=LOOPBACK, brokers=brokers, ssl_context=context)
+
+    try:
+        with trio.fail_after(10):
+            while (ok := await publisher("sink.test", trusted).run(make_context())).kind is (
+                OutcomeKind.TRANSIENT
+            ):
+                await trio.sleep(0.05)  # the server is starting
+        other_name = await publisher("other.test", trusted).run(make_context())
+        untrusted = await publisher("sink.test", None).run(make_context())
+    finally:
+        trio.socket.set_custom_hostname_resolver(previous)
+        server.kill()
+        server.wait(10)
+
+    assert ok.kind is OutcomeKind.SUCCEEDED
+    for refused in (other_name, untrusted):  # the certificate is not that name's, or untrusted
+        assert refused.error_code == "redis_connection_error"
+        assert "certificate" in (refused.error_message or "").lower()
 
 
 async def _never_connects() -> _Client:
