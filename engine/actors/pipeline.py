@@ -196,6 +196,12 @@ class ExecutionPipeline:
             # Whatever ended the pipeline, nothing it took outlives it.
             self.room.close_all()
 
+    @property
+    def task_kinds(self) -> TaskKinds:
+        """The pipeline's task types and their handlers (and its webhook client and broker
+        bridge while it runs)."""
+        return self._kinds
+
     def hand_over(self, attempt: Attempt) -> None:
         """Send a claimed ``attempt`` to the workers, as the claimers do (for tests that
         drive the workers directly)."""

@@ -125,6 +125,11 @@ class BrokerBridge:
         self._closes = 0
         self._in_use = 0
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` has begun: publishes are refused from then on."""
+        return self._closed
+
     def statistics(self) -> BrokerBridgeStatistics:
         return BrokerBridgeStatistics(
             started=self._bridge is not None,
