@@ -412,7 +412,6 @@ class RedisHandler:
                 socket_connect_timeout=CONNECT_TIMEOUT_S,
                 retry=Retry(NoBackoff(), 1),
                 health_check_interval=0,
-                client_name="carillon",
                 **tls,
             )
             return _Client(Redis(connection_pool=pool), pool)

@@ -192,7 +192,11 @@ async def test_bad_credentials_are_permanent_and_never_shown(
     brokers: BrokerBridge, redis_server: RedisServer
 ) -> None:
     password = "pw-" + secrets.token_hex(8)
-    redis_server.command("ACL", "SETUSER", "app", "on", ">" + password, "~*", "+@all")
+    # Least privilege: the script's commands and loading it, nothing else.
+    redis_server.command(
+        "ACL", "SETUSER", "app", "on", ">" + password, "~*",
+        "+evalsha", "+script|load", "+get", "+set", "+xadd",
+    )  # fmt: skip
     wrong = "wrong-" + secrets.token_hex(8)
     url = f"redis://app:{wrong}@127.0.0.1:{redis_server.port}/0"
 
