@@ -22,9 +22,10 @@ What it keeps, and the invariants:
   trio caller returns only once it has unwound (the bridge's rule): the client library
   gives the connection back (or discards it) in its own ``finally``, so no connection slot
   outlives its publish.
-* **Re-established after a broker restart.** A client is never asked to be healthy: the
-  client libraries reconnect a dropped connection on the next use (each handler says how),
-  and a client whose connect failed is replaced on the next publish.
+* **Re-established after a broker restart.** The client libraries reconnect a dropped
+  connection themselves (each handler says how); a client whose connect failed, or which
+  says it is no longer :meth:`~BrokerClient.usable` (closed for good), is replaced at the
+  next publish.
 * **Idle clients are closed**: one not used for ``idle_close_s`` (its settings changed, its
   host now resolves elsewhere) is closed at the next publish.
 * **Closed with the owner.** :meth:`BrokerBridge.aclose` closes every client and then the
@@ -65,7 +66,12 @@ CLOSE_TIMEOUT_S: Final = 2.0
 
 
 class BrokerClient(Protocol):
-    """What the bridge needs of a client: a way to close it (on the loop thread)."""
+    """What the bridge needs of a client (called on the loop thread)."""
+
+    def usable(self) -> bool:
+        """False once the client is closed for good (its library gave up reconnecting): the
+        bridge then replaces it with a new one."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -184,25 +190,44 @@ class BrokerBridge:
         op: Callable[[ClientT], Awaitable[T]],
     ) -> T:
         loop = asyncio.get_running_loop()
-        now = loop.time()
-        self._close_idle(now)
-        entry = self._clients.get(key)
-        if entry is None:
-            connecting = loop.create_task(self._connect(key, connect))
-            connecting.add_done_callback(_retrieve)
-            entry = self._clients[key] = _Entry(connecting, now)
-            self._connects += 1
+        self._close_idle(loop.time())
+        entry = self._entry(key, connect)
         entry.users += 1
         self._in_use += 1
         try:
             # Shielded: a cancelled publish leaves the shared connect to the others.
             # The entry under this key was made by a connect of this key's client type.
             client = cast(ClientT, await asyncio.shield(entry.client))
+            if not client.usable():
+                # Closed for good (its library gave up on it): replace it, once.
+                self._discard(key, entry)
+                entry.users -= 1
+                entry = self._entry(key, connect)
+                entry.users += 1
+                client = cast(ClientT, await asyncio.shield(entry.client))
             return await op(client)
         finally:
             entry.users -= 1
             self._in_use -= 1
             entry.last_used = loop.time()
+
+    def _entry(self, key: Hashable, connect: Callable[[], Awaitable[BrokerClient]]) -> _Entry:
+        entry = self._clients.get(key)
+        if entry is None:
+            loop = asyncio.get_running_loop()
+            connecting = loop.create_task(self._connect(key, connect))
+            connecting.add_done_callback(_retrieve)
+            entry = self._clients[key] = _Entry(connecting, loop.time())
+            self._connects += 1
+        return entry
+
+    def _discard(self, key: Hashable, entry: _Entry) -> None:
+        """Close ``entry``'s client in the background, if it is still the one under ``key``."""
+        if self._clients.get(key) is entry:
+            del self._clients[key]
+            task = asyncio.get_running_loop().create_task(self._close_one(entry))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     async def _connect(
         self, key: Hashable, connect: Callable[[], Awaitable[ClientT]]
@@ -224,10 +249,7 @@ class BrokerBridge:
             if entry.users == 0 and now - entry.last_used >= self._idle_close_s
         ]
         for key in idle:
-            entry = self._clients.pop(key)
-            task = asyncio.get_running_loop().create_task(self._close_one(entry))
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+            self._discard(key, self._clients[key])
 
     async def _close_one(self, entry: _Entry) -> None:
         self._closes += 1

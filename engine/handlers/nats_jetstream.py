@@ -166,6 +166,9 @@ class _Client:
         self.nc = nc
         self.js = js
 
+    def usable(self) -> bool:
+        return not self.nc.is_closed  # closed: nats-py stopped reconnecting it
+
     async def aclose(self) -> None:
         await self.nc.close()
 

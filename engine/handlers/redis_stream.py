@@ -266,6 +266,9 @@ class _Client:
         self.redis = redis
         self.pool = pool
 
+    def usable(self) -> bool:
+        return True  # redis-py reconnects each connection on its next command
+
     async def aclose(self) -> None:
         await self.redis.aclose()
         await self.pool.disconnect()

@@ -27,6 +27,9 @@ class Client:
         self.closed = False
         self.cancelled = 0
 
+    def usable(self) -> bool:
+        return not self.closed
+
     async def aclose(self) -> None:
         self.closed = True
 
@@ -107,6 +110,17 @@ async def test_a_failed_connect_is_forgotten_and_the_next_publish_connects_anew(
         name, _, _ = await brokers.run("k", flaky, where)
 
     assert (name, attempts) == ("b", 2)
+
+
+async def test_a_client_closed_for_good_is_replaced_at_the_next_publish() -> None:
+    async with open_broker_bridge() as brokers:
+        first = await brokers.run("k", connector("k"), itself)
+        first.closed = True  # its library gave up on it
+        second = await brokers.run("k", connector("k"), itself)
+        stats = brokers.statistics()
+
+    assert second is not first
+    assert (stats.clients, stats.connects) == (1, 2)
 
 
 async def test_exceptions_of_the_operation_propagate_unchanged() -> None:
