@@ -33,7 +33,7 @@ async def url(database_url: str, postgres_template: str) -> AsyncIterator[str]:
         yield fresh
 
 
-async def create_ticks(ledger: Ledger, redis_url: str) -> Schedule:
+async def create_ticks(ledger: Ledger, redis_url: str, *, timeout_s: float = 2) -> Schedule:
     """Task type ``ticks`` (a redis stream ``ticks``) and a schedule firing every 2 s."""
     await ledger.task_types_put(
         TaskTypesPut(
@@ -41,7 +41,8 @@ async def create_ticks(ledger: Ledger, redis_url: str) -> Schedule:
                 name="ticks",
                 kind=HandlerKind.REDIS,
                 allowed_tenants=("*",),
-                settings={"url": redis_url, "stream": "ticks", "timeout_s": 2},
+                settings={"url": redis_url, "stream": "ticks", "timeout_s": timeout_s},
+                timeout_s=timeout_s,
                 backoff_base_s=0.5,
                 backoff_max_s=1,
                 max_attempts=20,
@@ -134,3 +135,39 @@ async def test_fires_during_a_broker_outage_are_retried_and_appended_once(
     assert succeeded(executions) <= set(ids)
     assert failed.execution_id in ids
     assert not [e for e in executions if e.status is ExecutionStatus.DEAD_LETTER]
+
+
+async def test_a_publish_lost_with_its_node_is_redelivered_and_appended_once(
+    url: str, redis_server: RedisServer
+) -> None:
+    """Node A's first publish hangs (the broker holds every write); A is stopped meanwhile,
+    leaving its attempt running; node B redelivers it once the attempt lease runs out. Whether
+    A's command was carried out when the broker let writes go again or dropped with its
+    connection, the stream holds the execution once."""
+    async with open_postgres_ledger(url) as ledger:
+        schedule = await create_ticks(ledger, redis_server.url, timeout_s=30)
+        redis_server.command("CLIENT", "PAUSE", "9000", "WRITE")
+        async with running_node(url, "e2e-a", seed=1, attempt_lease_s=4) as (_, stop_a):
+            hanging = await wait_for_execution(
+                ledger, schedule.schedule_id, lambda e: e.status is ExecutionStatus.RUNNING
+            )
+            await trio.sleep(0.5)  # its publish is on the wire
+            stop_a.cancel()  # node A goes away while its publish hangs
+        lost = (await ledger.executions_get(hanging.execution_id)).execution
+        assert (lost.status, lost.attempt) == (ExecutionStatus.RUNNING, 1)
+        async with running_node(url, "e2e-b", seed=2, attempt_lease_s=4):
+            done = await wait_for_execution(
+                ledger,
+                schedule.schedule_id,
+                lambda e: (
+                    e.execution_id == hanging.execution_id and e.status is ExecutionStatus.SUCCEEDED
+                ),
+                timeout_s=40,
+            )
+        detail = await ledger.executions_get(hanging.execution_id)
+
+    assert done.attempt == 2
+    assert [(a.attempt, a.outcome) for a in detail.attempts] == [(1, "expired"), (2, "succeeded")]
+    ids = [entry["execution_id"] for entry in entries(redis_server.url, "ticks")]
+    assert ids.count(hanging.execution_id) == 1
+    assert len(ids) == len(set(ids))
