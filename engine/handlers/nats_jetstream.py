@@ -11,7 +11,8 @@ default) and acknowledges it as a duplicate, which is a success here. A retry or
 *after* the window is stored again: a second message with the same ``Nats-Msg-Id`` (and
 ``X-Carillon-Execution-Id``), for consumers to drop. So the window should cover the task
 type's worst retry horizon; the node checks the stream's window at the first publish of
-each task type version and logs a warning when it is shorter (``docs/targets.md``).
+each task type version (beside it: the publish does not wait) and logs a warning when it is
+shorter, or cannot be read (``docs/targets.md``).
 
 The message is the webhook's JSON body (the context and the payload); its headers carry the
 context too: ``X-Carillon-Execution-Id``, ``-Schedule-Id``, ``-Tenant-Id``, ``-Planned-At``,
@@ -37,6 +38,7 @@ stream being recovered after a restart, or none configured; bounded by the retry
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ipaddress
 import logging
@@ -173,13 +175,6 @@ class _Client:
         await self.nc.close()
 
 
-class _Published(msgspec.Struct, frozen=True):
-    duplicate: bool
-    stream: str
-    window_s: float | None
-    """The stream's duplicate window, when it was asked for (the first publish)."""
-
-
 class NatsHandler:
     """Publishes each attempt to one subject; build it with
     :func:`engine.handlers.build_handler`."""
@@ -207,6 +202,8 @@ class NatsHandler:
         self._brokers = brokers
         self._task_type = task_type
         self._window_checked = False
+        """Set on the broker bridge's loop by the first acknowledged publish."""
+        self._checks: set[asyncio.Task[None]] = set()
         self._literal: IPAddress | None
         try:
             self._literal = ipaddress.ip_address(self._target.host)
@@ -241,21 +238,32 @@ class NatsHandler:
                 "dns_error", f"could not resolve {self._target.host}: {error}"
             )
         try:
-            published = await brokers.run(
-                self._key(address), self._connector(address), self._op(context)
-            )
+            await brokers.run(self._key(address), self._connector(address), self._op(context))
         except nats.errors.Error as error:
             return self._classify(error)
         except OSError as error:
             return HandlerResult.transient(
                 "nats_connection_error", f"{self._target.display}: {type(error).__name__}"
             )
-        if published.window_s is not None:
-            self._check_window(published.stream, published.window_s)
         return HandlerResult.succeeded()
 
-    def _check_window(self, stream: str, window_s: float) -> None:
-        self._window_checked = True
+    async def _check_window(self, client: _Client, stream: str) -> None:
+        """On the loop, beside the publish that started it: read the stream's duplicate
+        window and warn when it is shorter than the retry horizon, or could not be read."""
+        try:
+            info = await client.js.stream_info(stream)
+        except (TimeoutError, nats.errors.Error) as error:
+            log.warning(
+                "task type %r publishes to NATS stream %r, whose duplicate window could not be "
+                "read (%s): whether it covers the task type's worst retry horizon (%.0f s) is "
+                "not checked",
+                self._task_type,
+                stream,
+                type(error).__name__,
+                self._retry_horizon_s,
+            )
+            return
+        window_s = info.config.duplicate_window or 0.0
         if window_s < self._retry_horizon_s:
             log.warning(
                 "task type %r publishes to NATS stream %r, whose duplicate window (%.0f s) is "
@@ -354,19 +362,23 @@ class NatsHandler:
         }
         expected = self._stream
         timeout_s = self.timeout_s
-        ask_window = not self._window_checked
 
-        async def publish(client: _Client) -> _Published:
+        async def publish(client: _Client) -> bool:
             if not client.nc.is_connected:
                 raise nats.errors.ConnectionReconnectingError()
             ack = await client.js.publish(
                 subject, body, timeout=timeout_s, stream=expected, headers=dict(headers)
             )
-            window_s = None
-            if ask_window:
-                info = await client.js.stream_info(ack.stream)
-                window_s = info.config.duplicate_window or 0.0
-            return _Published(bool(ack.duplicate), ack.stream, window_s)
+            if not self._window_checked:
+                # Once per handler, and off the publish's path: the answer (or a STREAM.INFO
+                # the user may not send, which only times out) never delays an attempt.
+                self._window_checked = True
+                check = asyncio.get_running_loop().create_task(
+                    self._check_window(client, ack.stream)
+                )
+                self._checks.add(check)
+                check.add_done_callback(self._checks.discard)
+            return bool(ack.duplicate)
 
         return publish
 

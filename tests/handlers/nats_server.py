@@ -55,16 +55,7 @@ class NatsServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError("nats-server exited at start")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return
-            except OSError:
-                time.sleep(0.02)
-        raise RuntimeError("nats-server did not listen within 10 s")
+        wait_listening(self.port, self.process)
 
     def kill(self) -> None:
         """SIGKILL: a crash, not a shutdown."""
@@ -91,9 +82,23 @@ class NatsServer:
         return jetstream(self.admin_url, action)
 
 
+def wait_listening(port: int, process: subprocess.Popen[bytes]) -> None:
+    """Until a server started as ``process`` accepts connections on ``port`` (10 s at most)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError("nats-server exited at start")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError("nats-server did not listen within 10 s")
+
+
 def jetstream(url: str, action: Callable[[JetStreamContext], Awaitable[T]]) -> T:
     async def run() -> T:
-        nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
+        nc = await nats.connect(url, connect_timeout=5, allow_reconnect=False)
         try:
             return await action(nc.jetstream())
         finally:

@@ -12,6 +12,7 @@ import json
 import logging
 import random
 import secrets
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,14 @@ from engine.handlers.brokers import BrokerBridge, open_broker_bridge
 from engine.handlers.nats_jetstream import NatsHandler
 from engine.handlers.registry import build_handler, check_settings
 from tests.handlers.conftest import make_context
-from tests.handlers.nats_server import NatsServer, add_stream, messages, nats_server
+from tests.handlers.nats_server import (
+    NATS_SERVER,
+    NatsServer,
+    add_stream,
+    messages,
+    nats_server,
+    wait_listening,
+)
 from tests.handlers.redis_server import free_port
 
 __all__ = ["nats_server"]  # the fixture, imported for this module's tests
@@ -67,6 +75,14 @@ def handler(
     )
     assert isinstance(built, NatsHandler)
     return built
+
+
+async def window_checked(publisher: NatsHandler) -> None:
+    """Until the handler's duplicate-window check, which runs beside its first acknowledged
+    publish on the broker bridge's loop, has finished."""
+    with trio.fail_after(10):
+        while not publisher._window_checked or publisher._checks:
+            await trio.sleep(0.01)
 
 
 def execution_ids(url: str) -> list[str]:
@@ -154,17 +170,62 @@ async def test_a_window_shorter_than_the_retry_horizon_is_warned_about_once(
     caplog.set_level(logging.WARNING, logger="carillon.brokers")
     covered = handler(brokers, ticks.url, retry_horizon_s=60)  # the window is 120 s
     await covered.run(make_context(execution_id="a"))
+    await window_checked(covered)
     assert caplog.records == []
 
     short = handler(brokers, ticks.url, retry_horizon_s=518)
     for n in range(3):
         await short.run(make_context(execution_id=f"b{n}"))
+    await window_checked(short)
 
     [warning] = caplog.records
     assert warning.getMessage().startswith(
         "task type 'ticks' publishes to NATS stream 'TICKS', whose duplicate window (120 s) is "
         "shorter than the task type's worst retry horizon (518 s)"
     )
+
+
+async def test_a_window_that_cannot_be_read_is_said_once_and_fails_no_publish(
+    brokers: BrokerBridge, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A user who may publish to the subject but not ask JetStream about the stream."""
+    port = free_port()
+    config = tmp_path / "nats.conf"
+    config.write_text(
+        f"""
+        port: {port}
+        host: 127.0.0.1
+        jetstream {{ store_dir: "{tmp_path}" }}
+        authorization {{
+          users = [
+            {{ user: admin, password: admin-pw }}
+            {{ user: app, password: app-pw,
+               permissions: {{ publish: ["ticks.>"], subscribe: ["_INBOX.>"] }} }}
+          ]
+        }}
+        """
+    )
+    server = subprocess.Popen(
+        [NATS_SERVER, "-c", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    caplog.set_level(logging.WARNING, logger="carillon.brokers")
+    try:
+        await trio.to_thread.run_sync(wait_listening, port, server)
+        admin = f"nats://admin:admin-pw@127.0.0.1:{port}"
+        await trio.to_thread.run_sync(add_stream, admin, STREAM, ["ticks.>"])
+        publisher = handler(brokers, f"nats://app:app-pw@127.0.0.1:{port}", retry_horizon_s=518)
+        with trio.fail_after(2):  # the window's question (unanswered for 5 s) delays nothing
+            results = [await publisher.run(make_context(execution_id=f"e{n}")) for n in range(3)]
+        stored = await trio.to_thread.run_sync(messages, admin, STREAM, SUBJECT)
+        await window_checked(publisher)
+    finally:
+        server.kill()
+        server.wait(10)
+
+    assert [r.kind for r in results] == [OutcomeKind.SUCCEEDED] * 3
+    assert len(stored) == 3
+    [warning] = caplog.records
+    assert "whose duplicate window could not be read" in warning.getMessage()
 
 
 async def test_a_redelivery_after_the_window_is_stored_again(
