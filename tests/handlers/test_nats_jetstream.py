@@ -335,9 +335,11 @@ async def burst(
     *,
     interrupt: float = 0.0,
     failures: list[str] | None = None,
+    succeeded: list[int] | None = None,
+    pace_s: float = 0.0,
 ) -> None:
     """Every execution until it gets through, some twice at once, a share ``interrupt``
-    cancelled mid-publish first (a killed worker)."""
+    cancelled mid-publish first (a killed worker); one started every ``pace_s``."""
     rng = random.Random(11)
 
     async def one(n: int) -> None:
@@ -346,13 +348,17 @@ async def burst(
                 await publisher.run(make_context(execution_id=f"e{n}"))
         result = await publish_until_done(publisher, n, failures)
         assert result.kind is OutcomeKind.SUCCEEDED, result
+        if succeeded is not None:
+            succeeded.append(n)
 
     async with trio.open_nursery() as nursery:
         for n in executions:
             nursery.start_soon(one, n)
             if rng.random() < 0.3:
                 nursery.start_soon(one, n)
-            if n % 50 == 0:
+            if pace_s:
+                await trio.sleep(pace_s)
+            elif n % 50 == 0:
                 await trio.sleep(0)
 
 
@@ -376,16 +382,22 @@ async def test_a_broker_restart_mid_burst_loses_nothing(
 ) -> None:
     publisher = handler(brokers, ticks.url, timeout_s=2)
     failures: list[str] = []
+    succeeded: list[int] = []
     restarted = trio.Event()
 
     async def restart_midway() -> None:
-        await trio.sleep(0.05)
+        while len(succeeded) < N // 4:
+            await trio.sleep(0.001)
         await trio.to_thread.run_sync(ticks.restart)  # SIGKILL, then start on the same store
         restarted.set()
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(restart_midway)
-        nursery.start_soon(functools.partial(burst, publisher, range(N), failures=failures))
+        nursery.start_soon(
+            functools.partial(
+                burst, publisher, range(N), failures=failures, succeeded=succeeded, pace_s=0.003
+            )
+        )
 
     assert restarted.is_set()
     assert failures  # the restart hit publishes in flight

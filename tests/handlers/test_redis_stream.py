@@ -306,6 +306,7 @@ async def burst(
     interrupt: float = 0.0,
     seed: int = 7,
     failures: list[str] | None = None,
+    pace_s: float = 0.0,
 ) -> None:
     """Publish every execution until it gets through, some twice at once (a redelivery racing
     a slow attempt), and a share ``interrupt`` of them cancelled mid-publish first (a worker
@@ -324,7 +325,9 @@ async def burst(
             nursery.start_soon(one, n)
             if rng.random() < 0.3:
                 nursery.start_soon(one, n)  # the same execution id, published twice at once
-            if n % 50 == 0:
+            if pace_s:
+                await trio.sleep(pace_s)  # one started every pace_s
+            elif n % 50 == 0:
                 await trio.sleep(0)
 
 
@@ -381,7 +384,9 @@ async def test_a_broker_restart_mid_burst_loses_nothing(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(restart_midway)
-        nursery.start_soon(functools.partial(burst, publisher, range(N), failures=failures))
+        nursery.start_soon(
+            functools.partial(burst, publisher, range(N), failures=failures, pace_s=0.003)
+        )
 
     assert restarted.is_set()
     assert "redis_connection_error" in failures  # the restart hit publishes in flight
