@@ -86,6 +86,7 @@ bench: $(STAMP) ## Run the benchmarks; rewrite docs/benchmarks.md, docs/img/benc
 	$(BIN)/python benchmarks/bench_peer.py
 	$(BIN)/python benchmarks/bench_webhooks.py
 	$(BIN)/python benchmarks/bench_tracing.py
+	$(BIN)/python benchmarks/bench_brokers.py
 
 bench-peer: $(STAMP) ## The same burst on Carillon and on APScheduler 4 (its own .bench-peers/venv)
 	$(BIN)/python benchmarks/bench_peer.py

@@ -139,6 +139,10 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     runs; after a crash its executions are re-queued within about this long."""
     webhook_allow_cidrs: str = ""
     """Comma-separated networks webhooks may reach although the SSRF guard refuses them."""
+    broker_allow_cidrs: str = ""
+    """Comma-separated networks message-broker task types (redis, nats) may reach although
+    the SSRF guard refuses them; apart from webhooks' list, because brokers usually live
+    inside the network and webhook receivers outside it."""
     enable_shell: bool = False
     """Whether shell task types may run on this node (off: whoever can create a task type
     could otherwise run any command as the node's user)."""
@@ -297,6 +301,10 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     @property
     def webhook_allow_list(self) -> tuple[str, ...]:
         return tuple(c.strip() for c in self.webhook_allow_cidrs.split(",") if c.strip())
+
+    @property
+    def broker_allow_list(self) -> tuple[str, ...]:
+        return tuple(c.strip() for c in self.broker_allow_cidrs.split(",") if c.strip())
 
     @property
     def _trusted_proxy_entries(self) -> tuple[str, ...]:

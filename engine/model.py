@@ -133,6 +133,11 @@ class HandlerKind(enum.StrEnum):
     """A process; settings ``argv`` (a list, never a shell string) and optional ``env``."""
     NOOP = "noop"
     """Succeeds, optionally after ``delay_s``: for benchmarks and smoke tests."""
+    REDIS = "redis"
+    """Appends to a Redis stream once per execution id; settings ``url``, ``stream``."""
+    NATS = "nats"
+    """Publishes to a NATS JetStream subject, ``Nats-Msg-Id`` = the execution id; settings
+    ``url``, ``subject``."""
 
 
 GRANTED_BY_NAME_KINDS: Final = frozenset({HandlerKind.PYTHON, HandlerKind.SHELL})

@@ -79,6 +79,7 @@ def actor_configs(config: NodeConfig) -> ActorConfigs:
         ),
         handlers=HandlerOptions(
             webhook_allow_cidrs=config.webhook_allow_list,
+            broker_allow_cidrs=config.broker_allow_list,
             enable_shell=config.enable_shell,
             enable_python=config.enable_python,
             python_modules=config.python_module_list,

@@ -19,7 +19,9 @@ the stages and built here: the :class:`~engine.core.dispatch.ConcurrencyLimits`,
 
 The pipeline also owns the node's webhook client (:mod:`engine.handlers.http_client`):
 keep-alive connections pooled per vetted address, opened with the pipeline and closed with
-it, so every webhook task type shares them.
+it, so every webhook task type shares them; and the node's broker bridge
+(:mod:`engine.handlers.brokers`): the message-broker clients on their own asyncio loop,
+pooled per vetted settings, closed with the pipeline.
 
 **A restart is a fresh pipeline.** The node's supervisor runs the pipeline as one child
 whose factory builds a new instance from its config, so nothing a crashed pipeline counted
@@ -60,6 +62,7 @@ from engine.config import DISPATCH_STALL_AFTER_S_DEFAULT
 from engine.core.admission import HandoffSizer
 from engine.core.dispatch import ConcurrencyLimits
 from engine.handlers import HandlerOptions
+from engine.handlers.brokers import open_broker_bridge
 from engine.handlers.http_client import WebhookClientConfig, open_webhook_client
 
 log = logging.getLogger("carillon.pipeline")
@@ -159,9 +162,11 @@ class ExecutionPipeline:
         try:
             async with (
                 open_webhook_client(self.config.webhook) as webhook_client,
+                open_broker_bridge() as brokers,
                 trio.open_nursery() as nursery,
             ):
                 self._kinds.webhook_client = webhook_client
+                self._kinds.brokers = brokers
                 await nursery.start(self.completions.run, completed_receive)
                 await nursery.start(self.workers.run, claimed_receive, completed_send)
                 await nursery.start(self.dispatcher.run, claimed_send)
@@ -170,6 +175,12 @@ class ExecutionPipeline:
         finally:
             # Whatever ended the pipeline, nothing it took outlives it.
             self.room.close_all()
+
+    @property
+    def task_kinds(self) -> TaskKinds:
+        """The pipeline's task types and their handlers (and its webhook client and broker
+        bridge while it runs)."""
+        return self._kinds
 
     def hand_over(self, attempt: Attempt) -> None:
         """Send a claimed ``attempt`` to the workers, as the claimers do (for tests that

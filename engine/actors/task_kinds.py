@@ -22,7 +22,9 @@ from engine.clock import Clock
 from engine.core.retry_policy import RetryPolicy
 from engine.errors import CarillonError
 from engine.handlers import Handler, HandlerOptions, build_handler
+from engine.handlers.brokers import BrokerBridge
 from engine.handlers.http_client import WebhookClient
+from engine.handlers.registry import retry_horizon_of
 from engine.ledger.base import Ledger
 from engine.model import HandlerKind, TaskType
 
@@ -32,9 +34,9 @@ BLOCKING_KINDS: Final = frozenset({HandlerKind.PYTHON, HandlerKind.SHELL})
 """Handler kinds that hold a thread or a process while they run: bounded apart, by the
 dispatcher (the task-type group :data:`BLOCKING_GROUP`, so a backlog of them waits in its
 queue, not in workers) and by the workers (a limiter of as many threads)."""
-CALLING_OUT_KINDS: Final = frozenset({HandlerKind.WEBHOOK})
+CALLING_OUT_KINDS: Final = frozenset({HandlerKind.WEBHOOK, HandlerKind.REDIS, HandlerKind.NATS})
 """Handler kinds that call another service: their attempt span is a client span, the
-parent of the receiver's trace (``engine/tracing.py``); the broker kinds belong here too."""
+parent of the receiver's or consumer's trace (``engine/tracing.py``)."""
 BLOCKING_GROUP: Final = "blocking"
 CACHE_TTL_S_DEFAULT: Final = 10.0
 
@@ -71,6 +73,9 @@ class TaskKinds:
         self.webhook_client: WebhookClient | None = None
         """The pipeline's shared webhook client, set while it runs; handlers built meanwhile
         deliver through it."""
+        self.brokers: BrokerBridge | None = None
+        """The pipeline's broker bridge, set while it runs; broker handlers built meanwhile
+        publish through it."""
 
     def cached(self, name: str, now: float) -> TaskKind | None:
         """The fresh entry for ``name``, or ``None`` (then :meth:`get` reads it)."""
@@ -117,6 +122,9 @@ class TaskKinds:
                 options=self._options,
                 clock=self._wall_clock,
                 webhook_client=self.webhook_client,
+                brokers=self.brokers,
+                retry_horizon_s=retry_horizon_of(task_type),
+                task_type_name=task_type.name,
             )
             policy = RetryPolicy(
                 max_attempts=task_type.max_attempts,

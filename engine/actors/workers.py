@@ -62,7 +62,7 @@ from engine.actors.retry import call_fenced, retry_unavailable
 from engine.actors.schedule_cache import UNCACHED, ScheduleCache
 from engine.actors.task_kinds import BLOCKING_KINDS, CALLING_OUT_KINDS, TaskKinds
 from engine.config import BLOCKING_WORKERS_DEFAULT, WORKERS_DEFAULT
-from engine.core.retry_policy import Decision, RetryPolicy, decide
+from engine.core.retry_policy import ATTEMPT_OVERRUN_S, Decision, RetryPolicy, decide
 from engine.errors import CarillonError
 from engine.handlers import ExecutionContext, HandlerResult, OutcomeKind
 from engine.handlers.base import ERROR_MESSAGE_CHARS_MAX, is_cancellation
@@ -86,7 +86,7 @@ log = logging.getLogger("carillon.workers")
 
 T = TypeVar("T")
 
-TIMEOUT_GRACE_S: Final = 5.0
+TIMEOUT_GRACE_S: Final = ATTEMPT_OVERRUN_S
 """Extra time a handler gets beyond its task type's timeout before the worker abandons it."""
 HANDOFF_MAX_DEFAULT: Final = 1_000
 """Two claim batches: one being claimed while the workers still hold the other."""

@@ -32,7 +32,7 @@ from engine.core import redaction
 from engine.core.instants import format_utc
 from engine.core.load_forecast import Group, LoadForecast, forecast
 from engine.errors import NotFound
-from engine.handlers.registry import check_settings
+from engine.handlers.registry import check_settings, retry_horizon_of
 from engine.ledger.params import (
     RegionFailover,
     ScheduleGroup,
@@ -85,7 +85,7 @@ async def put_task_type(call: Call) -> Reply:
 
 
 async def _put_checked(call: Call, task_type: TaskType, expected: int | None) -> TaskType:
-    check_settings(task_type.kind, task_type.settings)
+    check_settings(task_type.kind, task_type.settings, retry_horizon_s=retry_horizon_of(task_type))
     stored: TaskType = await call.api.ledger.task_types_put(TaskTypesPut(task_type, expected))
     return stored
 

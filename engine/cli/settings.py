@@ -77,6 +77,10 @@ _HELP: Final = {
         "comma-separated CIDRs webhooks may reach although the SSRF guard refuses them, "
         "e.g. 127.0.0.0/8 for a local test receiver"
     ),
+    "broker_allow_cidrs": (
+        "comma-separated CIDRs message-broker task types (redis, nats) may reach although the "
+        "SSRF guard refuses them, e.g. 10.0.0.0/8 for the brokers of an internal network"
+    ),
     "enable_shell": "true to let shell task types run on this node (off by default)",
     "enable_python": "true to let python task types run on this node (off by default)",
     "python_modules": (
@@ -121,7 +125,7 @@ _HELP: Final = {
 }
 
 _EMPTY_MEANS_NONE: Final = frozenset(
-    {"http", "webhook_allow_cidrs", "python_modules", "trusted_proxies"}
+    {"http", "webhook_allow_cidrs", "broker_allow_cidrs", "python_modules", "trusted_proxies"}
 )
 """Text settings whose empty value is meaningful: no HTTP API, no allow-listed networks."""
 

@@ -44,6 +44,7 @@ from engine.model import (
     TASK_TIMEOUT_S_DEFAULT,
     HandlerKind,
     OverlapPolicy,
+    TaskType,
 )
 
 REDACTED: Final = "***"
@@ -52,11 +53,15 @@ _KIND_OPTIONS: Final = {
     HandlerKind.PYTHON: ("callable",),
     HandlerKind.SHELL: ("argv", "env"),
     HandlerKind.NOOP: ("delay",),
+    HandlerKind.REDIS: ("url", "stream", "maxlen", "dedup_ttl"),
+    HandlerKind.NATS: ("url", "subject", "stream"),
 }
 _REQUIRED: Final = {
     HandlerKind.WEBHOOK: "url",
     HandlerKind.PYTHON: "callable",
     HandlerKind.SHELL: "argv",
+    HandlerKind.REDIS: "url",
+    HandlerKind.NATS: "url",
 }
 _LIMITS: Final = {
     "timeout": "timeout_s",
@@ -135,7 +140,12 @@ def _add_set(actions: Any) -> None:
         "--kind", required=True, choices=[kind.value for kind in HandlerKind], help="handler kind"
     )
     kinds = parser.add_argument_group("handler settings (by kind)")
-    kinds.add_argument("--url", help="webhook: the http(s) URL to POST to")
+    kinds.add_argument(
+        "--url",
+        help="webhook: the http(s) URL to POST to; redis: the server, "
+        "redis[s]://[user:password@]host[:port][/db]; nats: nats|tls://[credentials@]host[:port] "
+        "(credentials never printed back)",
+    )
     kinds.add_argument("--secret", help="webhook: signing secret (never printed back)")
     kinds.add_argument(
         "--header",
@@ -154,6 +164,21 @@ def _add_set(actions: Any) -> None:
         help="shell: an environment variable for the command (repeatable)",
     )
     kinds.add_argument("--delay", type=float, metavar="S", help="noop: seconds to wait")
+    kinds.add_argument(
+        "--stream",
+        help="redis: the stream's key to append to; nats: the JetStream stream the subject "
+        "must land in",
+    )
+    kinds.add_argument("--subject", help="nats: the subject to publish to")
+    kinds.add_argument(
+        "--maxlen", type=int, metavar="N", help="redis: keep about N entries (MAXLEN ~)"
+    )
+    kinds.add_argument(
+        "--dedup-ttl",
+        type=int,
+        metavar="S",
+        help="redis: seconds an execution id is remembered [a day, or the retry horizon]",
+    )
     limits = parser.add_argument_group("limits (defaults in brackets)")
     limits.add_argument(
         "--timeout",
@@ -221,7 +246,7 @@ def run_set(args: argparse.Namespace) -> int:
     if not args.skip_handler_check:
         from engine.handlers.registry import check_settings  # the handlers load only here
 
-        check_settings(args.kind, body["settings"])
+        check_settings(args.kind, body["settings"], retry_horizon_s=_retry_horizon(body))
     with open_client(args) as api:
         answer = api.call("PUT", f"/v1/task-types/{segment(args.name)}", body=body)
     stored = redacted(answer.json())
@@ -296,8 +321,9 @@ def task_type_body(args: argparse.Namespace) -> dict[str, Any]:
     ]
     for option in given:
         if option not in _KIND_OPTIONS[kind]:
-            owner = next(k for k, options in _KIND_OPTIONS.items() if option in options)
-            raise InvalidField(f"--{option} applies only to --kind {owner}, not to --kind {kind}")
+            owners = " or ".join(k for k, options in _KIND_OPTIONS.items() if option in options)
+            flag = option.replace("_", "-")
+            raise InvalidField(f"--{flag} applies only to --kind {owners}, not to --kind {kind}")
     required = _REQUIRED.get(kind)
     if required is not None and getattr(args, required) is None:
         raise InvalidField(f"--kind {kind} needs --{required}")
@@ -328,9 +354,35 @@ def _settings(kind: HandlerKind, args: argparse.Namespace) -> dict[str, Any]:
         settings["argv"] = _argv(args.argv)
         if args.env:
             settings["env"] = dict(args.env)
+    elif kind is HandlerKind.REDIS:
+        settings["url"] = args.url
+        if args.stream is not None:
+            settings["stream"] = args.stream
+        if args.maxlen is not None:
+            settings["maxlen"] = args.maxlen
+        if args.dedup_ttl is not None:
+            settings["dedup_ttl_s"] = args.dedup_ttl
+    elif kind is HandlerKind.NATS:
+        settings["url"] = args.url
+        if args.subject is not None:
+            settings["subject"] = args.subject
+        if args.stream is not None:
+            settings["stream"] = args.stream
     elif args.delay is not None:
         settings["delay_s"] = args.delay
     return settings
+
+
+def _retry_horizon(body: dict[str, Any]) -> float:
+    """The worst retry horizon of the task type ``body`` describes (the API's check)."""
+    from engine.handlers.registry import retry_horizon_of  # the handlers load only here
+
+    fields = {
+        field: body[field]
+        for field in ("timeout_s", "max_attempts", "backoff_base_s", "backoff_max_s")
+        if field in body
+    }
+    return retry_horizon_of(TaskType(name="horizon", kind=HandlerKind.NOOP, **fields))
 
 
 def _argv(text: str) -> list[str]:

@@ -2,14 +2,18 @@
 
 A webhook's signing ``secret`` (and a ``previous_secret`` being rotated out), the values of
 webhook headers whose names look like credentials (``Authorization``, ``X-Api-Key`` ...),
-and every value of a shell task type's ``env`` are secrets. The API stores them as given and
+every value of a shell task type's ``env``, and the credentials of a message broker's
+``url`` (``redis://user:password@host``, ``nats://token@host``: the whole ``user:password``
+part before the ``@``) are secrets. The API stores them as given and
 never returns them: each is shown as a fingerprint, ``***sha256:`` and the first 8 hex
 digits of its SHA-256, which says whether it is set and whether it changed, and nothing an
 attacker could use (a fingerprint of a 24-byte random secret cannot be reversed; one of a
 weak password could be guessed offline, which is why only admins read task types at all).
 
 A client may send a fingerprint back unchanged (read, edit a timeout, write): it stands for
-the secret stored under it (:func:`restore`). A fingerprint that matches nothing stored is
+the secret stored under it (:func:`restore`). A broker URL is shown with its credentials
+replaced by their fingerprint (``redis://***sha256:1a2b3c4d@host:6379/0``), so the host
+stays readable. A fingerprint that matches nothing stored is
 refused, so a stale read cannot blank a secret. ``docs/security.md`` says how secrets are
 stored and what an operator must protect.
 """
@@ -24,6 +28,10 @@ from engine.errors import InvalidField
 
 FINGERPRINT_PREFIX: Final = "***sha256:"
 _SENSITIVE_WORDS: Final = ("secret", "password", "token", "auth", "key", "cookie", "signature")
+BROKER_KINDS: Final = frozenset({"redis", "nats"})
+"""Kinds whose ``url`` may carry credentials."""
+_USERINFO: Final = "\0userinfo"
+"""The slot key of a URL's credentials (no mapping setting of a broker kind has keys)."""
 
 
 def sensitive_name(name: str) -> bool:
@@ -55,17 +63,42 @@ def _secret_slots(kind: str, settings: Mapping[str, Any]) -> Iterator[tuple[str,
             for variable, value in env.items():
                 if isinstance(value, str):
                     yield "env", str(variable)
+    elif kind in BROKER_KINDS:
+        url = settings.get("url")
+        if isinstance(url, str) and _split_userinfo(url) is not None:
+            yield "url", _USERINFO
+
+
+def _split_userinfo(url: str) -> tuple[str, str, str] | None:
+    """``(scheme://, userinfo, @rest)`` of a URL with credentials, else ``None``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return None
+    ends = [i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0]
+    authority_end = min(ends, default=len(rest))
+    at = rest.rfind("@", 0, authority_end)
+    if at <= 0:
+        return None
+    return scheme + sep, rest[:at], rest[at:]
 
 
 def _get(settings: Mapping[str, Any], slot: tuple[str, str | None]) -> str:
     name, key = slot
+    if key == _USERINFO:
+        parts = _split_userinfo(settings[name])
+        assert parts is not None  # the slot exists only for a URL with credentials
+        return parts[1]
     value: str = settings[name] if key is None else settings[name][key]
     return value
 
 
 def _set(settings: dict[str, Any], slot: tuple[str, str | None], value: str) -> None:
     name, key = slot
-    if key is None:
+    if key == _USERINFO:
+        parts = _split_userinfo(settings[name])
+        assert parts is not None
+        settings[name] = parts[0] + value + parts[2]
+    elif key is None:
         settings[name] = value
     else:
         settings[name] = {**settings[name], key: value}
@@ -105,7 +138,13 @@ def restore(
             continue
         if value not in known:
             name, key = slot
-            where = name if key is None else f"{name}[{key!r}]"
+            where = (
+                name
+                if key is None
+                else f"the credentials of {name}"
+                if key == _USERINFO
+                else f"{name}[{key!r}]"
+            )
             raise InvalidField(
                 f"task type settings: {where} is a fingerprint ({value}) of no secret stored "
                 "here; send the secret itself (fingerprints stand only for the secrets they "

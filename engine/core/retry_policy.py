@@ -24,6 +24,12 @@ from engine.core.backoff import Backoff, RandomSource
 UNKNOWN_ATTEMPTS_MAX: Final = 3
 RETRY_AFTER_S_MAX: Final = 3600.0
 """A server's Retry-After is honoured up to an hour; beyond that the backoff cap applies."""
+ATTEMPT_OVERRUN_S: Final = 5.0
+"""How long past its timeout an attempt may still run before its worker gives it up (the
+workers' ``TIMEOUT_GRACE_S``)."""
+REDELIVERY_S: Final = 65.0
+"""How late the next attempt of a crashed one may start: the default attempt lease (60 s)
+plus the redeliverer's interval (5 s)."""
 
 
 class RetryPolicy(msgspec.Struct, frozen=True):
@@ -37,6 +43,27 @@ class Decision(msgspec.Struct, frozen=True):
     outcome: str
     """``succeeded``, ``failed`` (retry at ``not_before``) or ``dead-letter``."""
     not_before: datetime | None = None
+
+
+def retry_horizon_s(policy: RetryPolicy, timeout_s: float) -> float:
+    """The longest an execution's attempts may keep coming, from its first start to the end
+    of its last: ``max_attempts`` attempts of up to ``timeout_s`` plus the overrun allowed and
+    a redelivery's delay each, and every backoff at its longest (jitter included).
+
+    A once-only publisher keeps an execution's deduplication record at least this long, so
+    every retry and redelivery of the execution finds it. Not covered: a queue backlog that
+    delays a retry's start beyond its instant, a node run with an attempt lease longer than
+    the default, and a dead letter replayed later (``docs/targets.md``).
+    """
+    backoff = Backoff(
+        base_s=policy.backoff_base_s, max_s=policy.backoff_max_s, jitter=policy.jitter
+    )
+    waits = sum(
+        min(backoff.max_s, backoff.base_s * backoff.multiplier ** min(k, 64))
+        for k in range(policy.max_attempts - 1)
+    )
+    per_attempt = timeout_s + ATTEMPT_OVERRUN_S + REDELIVERY_S
+    return policy.max_attempts * per_attempt + waits * (1 + policy.jitter)
 
 
 def decide(

@@ -163,6 +163,10 @@ class HandlerOptions(msgspec.Struct, frozen=True, kw_only=True):
     webhook_allow_cidrs: tuple[str, ...] = ()
     """Networks webhooks may reach although the SSRF guard refuses them (``127.0.0.0/8``
     for a local test sink, ``10.1.0.0/16`` for an internal receiver)."""
+    broker_allow_cidrs: tuple[str, ...] = ()
+    """Networks the message-broker kinds (``redis``, ``nats``) may reach although the SSRF
+    guard refuses them (``10.0.0.0/8`` for the brokers of an internal network, ``127.0.0.0/8``
+    for one on the node's host)."""
     enable_shell: bool = False
     """Whether ``shell`` task types may run. Off by default: whoever may create a task type
     could otherwise run any command as the node's user, next to its database credentials."""
@@ -178,11 +182,17 @@ class HandlerOptions(msgspec.Struct, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         problems = []
-        for cidr in self.webhook_allow_cidrs:
-            try:
-                ipaddress.ip_network(cidr, strict=False)
-            except ValueError:
-                problems.append(f"webhook allow-list entry {cidr!r} is not a CIDR like 10.0.0.0/8")
+        for which, cidrs in (
+            ("webhook", self.webhook_allow_cidrs),
+            ("broker", self.broker_allow_cidrs),
+        ):
+            for cidr in cidrs:
+                try:
+                    ipaddress.ip_network(cidr, strict=False)
+                except ValueError:
+                    problems.append(
+                        f"{which} allow-list entry {cidr!r} is not a CIDR like 10.0.0.0/8"
+                    )
         if not 0 < self.webhook_timeout_s <= TIMEOUT_S_MAX:
             problems.append(f"webhook_timeout_s must be in (0, {TIMEOUT_S_MAX:g}]")
         if not 0 <= self.response_body_max_bytes <= 16 * 1024 * 1024:

@@ -12,19 +12,33 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from engine.clock import Clock, SystemClock
+from engine.core.retry_policy import RetryPolicy, retry_horizon_s
 from engine.errors import InvalidField
 from engine.handlers.base import Handler, HandlerOptions, check_timeout_s, parse_settings
+from engine.handlers.brokers import BrokerBridge
 from engine.handlers.http_client import WebhookClient
 from engine.handlers.noop import NoopHandler
 from engine.handlers.python import PythonHandler, PythonSettings, check_callable_path
 from engine.handlers.shell import ShellHandler
 from engine.handlers.webhook import WebhookHandler
+from engine.model import TaskType
 
-HANDLER_KINDS: Final = ("noop", "python", "shell", "webhook")
+HANDLER_KINDS: Final = ("nats", "noop", "python", "redis", "shell", "webhook")
 _EVERY_KIND: Final = HandlerOptions(enable_shell=True, enable_python=True)
 
 
-def check_settings(kind: str, settings: Mapping[str, Any]) -> None:
+def retry_horizon_of(task_type: TaskType) -> float:
+    """The worst retry horizon of ``task_type`` (:func:`~engine.core.retry_policy.
+    retry_horizon_s`): how long a once-only publisher must remember its executions."""
+    policy = RetryPolicy(
+        max_attempts=task_type.max_attempts,
+        backoff_base_s=task_type.backoff_base_s,
+        backoff_max_s=task_type.backoff_max_s,
+    )
+    return retry_horizon_s(policy, task_type.timeout_s)
+
+
+def check_settings(kind: str, settings: Mapping[str, Any], *, retry_horizon_s: float = 0.0) -> None:
     """Refuse ``settings`` a handler of ``kind`` would refuse (:class:`~engine.errors.
     InvalidField`), without running or importing anything.
 
@@ -32,14 +46,16 @@ def check_settings(kind: str, settings: Mapping[str, Any]) -> None:
     ``carillon task-type set`` before it sends one. Whether a node may run shell and python
     handlers is that node's policy (``--enable-shell``, ``--enable-python``), and whether a
     python callable imports is a property of the node's environment: each node finds that
-    out when it builds the handler, not here.
+    out when it builds the handler, not here. ``retry_horizon_s`` is the task type's worst
+    retry horizon (:func:`retry_horizon_of`), which the once-only publishers' settings must
+    cover.
     """
     if kind == "python":
         parsed = parse_settings("python", settings, PythonSettings)
         check_timeout_s("python", parsed.timeout_s)
         check_callable_path(parsed.callable)
         return
-    build_handler(kind, settings, options=_EVERY_KIND)
+    build_handler(kind, settings, options=_EVERY_KIND, retry_horizon_s=retry_horizon_s)
 
 
 def build_handler(
@@ -49,12 +65,19 @@ def build_handler(
     options: HandlerOptions,
     clock: Clock | None = None,
     webhook_client: WebhookClient | None = None,
+    brokers: BrokerBridge | None = None,
+    retry_horizon_s: float = 0.0,
+    task_type_name: str = "",
 ) -> Handler:
     """A ready handler of ``kind`` configured by ``settings``.
 
     ``clock`` supplies wall time where a handler needs it (webhook signature timestamps,
     HTTP-date ``Retry-After``); the system clock by default. ``webhook_client`` is the
-    node's shared HTTP client for webhooks (a per-run default without one). Raises
+    node's shared HTTP client for webhooks (a per-run default without one); ``brokers`` the
+    node's broker bridge, which the message-broker kinds publish through, and
+    ``retry_horizon_s`` the task type's worst retry horizon (:func:`retry_horizon_of`),
+    which their deduplication must outlast (``task_type_name`` names the task type in the
+    warnings of those that can only check that when they publish). Raises
     :class:`~engine.errors.InvalidField` for an unknown kind or bad settings, with a message
     that says how to fix them.
     """
@@ -68,4 +91,23 @@ def build_handler(
         return ShellHandler(settings, options=options)
     if kind == "noop":
         return NoopHandler(settings)
+    # The broker kinds import their client libraries only when a node builds one: a node
+    # without broker task types never loads them (redis-py alone pulls in parts of the
+    # OpenTelemetry SDK when it is installed).
+    if kind == "redis":
+        from engine.handlers.redis_stream import RedisHandler
+
+        return RedisHandler(
+            settings, options=options, retry_horizon_s=retry_horizon_s, brokers=brokers
+        )
+    if kind == "nats":
+        from engine.handlers.nats_jetstream import NatsHandler
+
+        return NatsHandler(
+            settings,
+            options=options,
+            retry_horizon_s=retry_horizon_s,
+            brokers=brokers,
+            task_type=task_type_name,
+        )
     raise InvalidField(f"unknown handler kind {kind!r}; choose one of {', '.join(HANDLER_KINDS)}")

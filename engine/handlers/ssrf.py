@@ -17,6 +17,9 @@ Rules, in order:
    refused, naming the range's class; so is any IPv6 address outside global unicast
    ``2000::/3``.
 
+The message-broker kinds (:mod:`engine.handlers.redis_stream`) go through the same guard, with
+their own allow-list (``--broker-allow-cidrs``).
+
 The guard is applied to *every* address a host resolves to (one bad record refuses the
 host), and the webhook handler then connects to one of exactly those vetted addresses, so a
 second, different DNS answer at connect time (DNS rebinding) cannot redirect it. The webhook
@@ -161,10 +164,18 @@ async def resolve(host: str, port: int) -> list[IPAddress]:
     return addresses
 
 
-def vet(host: str, addresses: list[IPAddress], allow: tuple[IPNetwork, ...]) -> list[IPAddress]:
+def vet(
+    host: str,
+    addresses: list[IPAddress],
+    allow: tuple[IPNetwork, ...],
+    *,
+    who: str = "Webhooks",
+    flag: str = "--webhook-allow-cidr",
+) -> list[IPAddress]:
     """``addresses`` (what ``host`` resolved to) if the guard allows every one of them.
 
-    Raises :class:`AddressRefused` naming the first refused address; returns at most
+    Raises :class:`AddressRefused` naming the first refused address, and ``flag``, the node
+    flag that would allow it (``who`` says whose guard refused); returns at most
     :data:`ADDRESSES_MAX` addresses, in the given order.
     """
     for address in addresses:
@@ -172,8 +183,8 @@ def vet(host: str, addresses: list[IPAddress], allow: tuple[IPNetwork, ...]) -> 
         if reason is not None:
             shown = host if host == str(address) else f"{host} (resolved to {address})"
             raise AddressRefused(
-                f"refused to call {shown}: a {reason} address. Webhooks may reach only "
-                "public addresses; allow a network with --webhook-allow-cidr if this is intended"
+                f"refused to call {shown}: a {reason} address. {who} may reach only "
+                f"public addresses; allow a network with {flag} if this is intended"
             )
     return addresses[:ADDRESSES_MAX]
 

@@ -38,9 +38,14 @@ Invariants:
   awaitable bound to the running loop.
 * Every call is accounted for in :meth:`DatabaseBridge.statistics` and woken exactly once: by
   its own completion, or, if the bridge closes under it, with a :class:`RuntimeError`.
-* The bridge lives exactly as long as its :func:`open_bridge` block; calling it afterwards
-  raises :class:`RuntimeError`. Closing cancels leftover tasks, waits at most
+* The bridge lives exactly as long as its :func:`open_bridge` block (or from
+  :func:`start_bridge` to :meth:`DatabaseBridge.aclose`); calling it afterwards raises
+  :class:`RuntimeError`. Closing cancels leftover tasks, waits at most
   ``shutdown_timeout_s`` for them, and closes the loop.
+
+The same primitive carries the asyncio-only message-broker clients
+(:mod:`engine.handlers.brokers`): a second bridge, on its own thread, named apart, so broker
+round trips and database hops never queue behind each other on one loop.
 """
 
 from __future__ import annotations
@@ -58,7 +63,13 @@ import msgspec
 import outcome
 import trio
 
-__all__ = ["BRIDGE_SHUTDOWN_TIMEOUT_S", "BridgeStatistics", "DatabaseBridge", "open_bridge"]
+__all__ = [
+    "BRIDGE_SHUTDOWN_TIMEOUT_S",
+    "BridgeStatistics",
+    "DatabaseBridge",
+    "open_bridge",
+    "start_bridge",
+]
 
 T = TypeVar("T")
 PosArgsT = TypeVarTuple("PosArgsT")
@@ -66,7 +77,8 @@ PosArgsT = TypeVarTuple("PosArgsT")
 BRIDGE_SHUTDOWN_TIMEOUT_S: Final = 5.0
 """How long closing waits for leftover coroutines to unwind before abandoning the thread."""
 
-_THREAD_NAME: Final = "carillon-db-bridge"
+THREAD_NAME: Final = "carillon-db-bridge"
+"""The database bridge's thread; other bridges (:func:`start_bridge`) name their own."""
 
 
 class BridgeStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -100,17 +112,21 @@ async def _invoke(fn: Callable[[*PosArgsT], Awaitable[T]], args: tuple[*PosArgsT
 
 
 class DatabaseBridge:
-    """A running uvloop thread that trio code hands coroutines to (made by :func:`open_bridge`)."""
+    """A running uvloop thread that trio code hands coroutines to (made by :func:`open_bridge`
+    or :func:`start_bridge`)."""
 
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
         thread: threading.Thread,
         trio_token: trio.lowlevel.TrioToken,
+        *,
+        shutdown_timeout_s: float = BRIDGE_SHUTDOWN_TIMEOUT_S,
     ) -> None:
         self._loop = loop
         self._thread = thread
         self._trio_token = trio_token
+        self._shutdown_timeout_s = shutdown_timeout_s
         self._closed = False
         self._in_flight: set[_Call] = set()
         self._calls_started = 0
@@ -127,7 +143,9 @@ class DatabaseBridge:
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         if self._closed:
-            raise RuntimeError("the database bridge is closed; use it inside open_bridge()")
+            raise RuntimeError(
+                f"the bridge {self._thread.name} is closed; use it inside open_bridge()"
+            )
         call = _Call(trio.lowlevel.current_task())
         self._in_flight.add(call)
         self._calls_started += 1
@@ -181,9 +199,7 @@ class DatabaseBridge:
             if call.raise_cancel is not None:
                 result = outcome.capture(call.raise_cancel)
             else:
-                result = outcome.Error(
-                    RuntimeError("the database bridge closed before the call finished")
-                )
+                result = outcome.Error(self._closed_under_call())
             self._calls_cancelled += 1
         else:
             self._calls_completed += 1
@@ -196,6 +212,21 @@ class DatabaseBridge:
         self._in_flight.discard(call)
         trio.lowlevel.reschedule(call.trio_task, result)
 
+    def _closed_under_call(self) -> RuntimeError:
+        return RuntimeError(f"the bridge {self._thread.name} closed before the call finished")
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` has begun: calls are refused from then on."""
+        return self._closed
+
+    async def aclose(self) -> None:
+        """Stop the loop thread and join it (see :func:`open_bridge`); idempotent, shielded."""
+        if self._closed:
+            return
+        with trio.CancelScope(shield=True):
+            await self._close(self._shutdown_timeout_s)
+
     async def _close(self, shutdown_timeout_s: float) -> None:
         self._closed = True
         with contextlib.suppress(RuntimeError):  # the loop thread has already ended
@@ -205,8 +236,7 @@ class DatabaseBridge:
         for call in list(self._in_flight):
             if not call.finished and not call.delivered:
                 self._calls_cancelled += 1
-                error = RuntimeError("the database bridge closed before the call finished")
-                self._wake(call, outcome.Error(error))
+                self._wake(call, outcome.Error(self._closed_under_call()))
 
 
 def _new_event_loop() -> asyncio.AbstractEventLoop:
@@ -234,23 +264,40 @@ def _run_loop(loop: asyncio.AbstractEventLoop, shutdown_timeout_s: float) -> Non
         loop.close()
 
 
+def start_bridge(
+    *, thread_name: str = THREAD_NAME, shutdown_timeout_s: float = BRIDGE_SHUTDOWN_TIMEOUT_S
+) -> DatabaseBridge:
+    """Start a bridge thread named ``thread_name`` for the current trio run, now.
+
+    The caller owns it and must :meth:`~DatabaseBridge.aclose` it; :func:`open_bridge` is
+    the block form. Starting it is synchronous, so an owner may start it lazily, on first
+    use (the broker bridge does), without a task of its own.
+    """
+    loop = _new_event_loop()
+    thread = threading.Thread(
+        target=_run_loop, args=(loop, shutdown_timeout_s), name=thread_name, daemon=True
+    )
+    bridge = DatabaseBridge(
+        loop,
+        thread,
+        trio.lowlevel.current_trio_token(),
+        shutdown_timeout_s=shutdown_timeout_s,
+    )
+    thread.start()
+    return bridge
+
+
 @asynccontextmanager
 async def open_bridge(
-    *, shutdown_timeout_s: float = BRIDGE_SHUTDOWN_TIMEOUT_S
+    *, shutdown_timeout_s: float = BRIDGE_SHUTDOWN_TIMEOUT_S, thread_name: str = THREAD_NAME
 ) -> AsyncIterator[DatabaseBridge]:
     """Start the bridge thread for the current trio run; stop it and join it on exit.
 
     Closing is shielded from cancellation and bounded: leftover coroutines get
     ``shutdown_timeout_s`` to unwind; after that the daemon thread is abandoned.
     """
-    loop = _new_event_loop()
-    thread = threading.Thread(
-        target=_run_loop, args=(loop, shutdown_timeout_s), name=_THREAD_NAME, daemon=True
-    )
-    bridge = DatabaseBridge(loop, thread, trio.lowlevel.current_trio_token())
-    thread.start()
+    bridge = start_bridge(thread_name=thread_name, shutdown_timeout_s=shutdown_timeout_s)
     try:
         yield bridge
     finally:
-        with trio.CancelScope(shield=True):
-            await bridge._close(shutdown_timeout_s)
+        await bridge.aclose()

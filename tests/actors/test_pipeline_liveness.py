@@ -196,6 +196,13 @@ async def test_a_crashed_pipeline_is_replaced_by_a_fresh_one_that_holds_nothing_
         assert crashed.room.open == set()
         assert crashed.room.in_flight == 0
         assert all(node.table.attempts_in_flight(p) <= 5 for p in node.table)
+        # Its broker bridge (and every broker connection) closed with it; the new one has its own.
+        old_brokers, new_brokers = crashed.task_kinds.brokers, node.pipeline.task_kinds.brokers
+        assert old_brokers is not None
+        assert new_brokers is not None
+        assert old_brokers.closed
+        assert new_brokers is not old_brokers
+        assert not new_brokers.closed
         executions = await all_executions(c.ledger)
     later = within(executions, START + timedelta(seconds=120), START + timedelta(seconds=300))
     assert len(later) == 5 * 18

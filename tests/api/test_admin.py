@@ -74,6 +74,13 @@ async def test_deleting_a_task_type_in_use_is_refused_and_keeps_it(api: Api) -> 
         ("t", {"kind": "shell"}),
         ("t", {"kind": "shell", "settings": {"argv": "rm -rf /"}}),
         ("t", {"kind": "noop", "settings": {"delay_s": "soon"}}),
+        ("t", {"kind": "redis", "settings": {"url": "redis://10.0.0.5/0"}}),
+        ("t", {"kind": "redis", "settings": {"url": "redis://10.0.0.5/x", "stream": "s"}}),
+        # A dedup expiry shorter than the worst retry horizon of the task type's policy.
+        (
+            "t",
+            {"kind": "redis", "settings": {"url": "redis://h/0", "stream": "s", "dedup_ttl_s": 60}},
+        ),
         # Grants that do not hold together.
         ("t", {"kind": "shell", "settings": {"argv": ["true"]}, "allowed_tenants": ["*"]}),
         ("t", {"kind": "noop", "tenant_id": "acme", "allowed_tenants": ["globex"]}),
@@ -465,6 +472,32 @@ async def test_secrets_are_never_returned_only_their_fingerprints(
         assert secret not in caplog.text
     stored = await api.ledger.task_types_get("hook")
     assert stored.settings["secret"] == HOOK_SECRET  # what signs is the secret itself
+
+
+async def test_a_broker_urls_credentials_are_never_returned_only_their_fingerprint(
+    api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = "redis://app:pw-Hunter2-x@10.0.0.5:6379/0"
+    body = {"kind": "redis", "settings": {"url": url, "stream": "ticks"}}
+    created = await api.client.put("/v1/task-types/ticks", json=body, headers=api.admin)
+    read = await api.client.get("/v1/task-types/ticks", headers=api.admin)
+    listed = await api.client.get("/v1/task-types", headers=api.admin)
+    for answer in (created, read, listed):
+        assert answer.status_code == 200, answer.text
+        assert "pw-Hunter2-x" not in answer.text
+    shown = read.json()["settings"]["url"]
+    assert shown == f"redis://{fingerprint('app:pw-Hunter2-x')}@10.0.0.5:6379/0"
+    # Read, edited and written back, the URL keeps its credentials.
+    edited = {"kind": "redis", "settings": {**read.json()["settings"], "maxlen": 1000}}
+    written = await api.client.put("/v1/task-types/ticks", json=edited, headers=api.admin)
+    assert written.status_code == 200, written.text
+    stored = await api.ledger.task_types_get("ticks")
+    assert stored.settings == {"url": url, "stream": "ticks", "maxlen": 1000}
+    # A refusal of the settings does not echo them either.
+    bad = {"kind": "redis", "settings": {"url": url + "?x=1", "stream": "ticks"}}
+    refused = await api.client.put("/v1/task-types/ticks", json=bad, headers=api.admin)
+    assert "pw-Hunter2-x" not in assert_problem(refused, 422, "invalid-field")["detail"]
+    assert "pw-Hunter2-x" not in caplog.text
 
 
 async def test_a_task_type_read_edited_and_written_back_keeps_its_secret(api: Api) -> None:

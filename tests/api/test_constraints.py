@@ -83,6 +83,8 @@ PROBES = {
         "/v1/schedules:batch",
         {"schedules": [{"cron_expr": PROBE_CRON, "task_type": "noop"}]},
     ),
+    # A dry run: the probe set's plan, nothing written.
+    "ApplyIn": Probe("POST", "/v1/apply?dry_run=true", {"manifest_set": "probe-set"}),
 }
 NOT_AT_BOUND = {
     ("ScheduleSpec", "cron_expr", "minLength"): "no cron expression is one character long",

@@ -284,5 +284,6 @@ def _valid_body(endpoint: Endpoint) -> object:
         "PurgeFilter": {"all": True},
         "SecretRotation": {"secret": "whsec_" + "A" * 43},
         "ReplayFilter": {"all": True},
+        "ApplyIn": {"manifest_set": "probe-set"},
     }
     return bodies.get(getattr(endpoint.body, "__name__", ""), {})

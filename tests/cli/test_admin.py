@@ -110,6 +110,15 @@ async def test_task_type_kinds_store_their_settings_and_the_limits(api: Api, cli
          "granted to tenants by name only"),
         (["set", "x", "--kind", "noop", "--tenant", "acme", "--allow", "acme"],
          "not allowed with argument"),
+        (["set", "x", "--kind", "noop", "--stream", "s"],
+         "--stream applies only to --kind redis or nats"),
+        (["set", "x", "--kind", "redis", "--url", "redis://h/0", "--subject", "s"],
+         "--subject applies only to --kind nats"),
+        (["set", "x", "--kind", "nats", "--url", "nats://h", "--subject", "a.*"], "wildcards"),
+        (["set", "x", "--kind", "redis", "--url", "redis://10.0.0.5/0"], "stream"),
+        (["set", "x", "--kind", "redis", "--url", "redis://10.0.0.5/0", "--stream", "s",
+          "--dedup-ttl", "60", "--max-attempts", "3"],
+         "less than this task type's worst retry horizon"),
     ],
 )  # fmt: skip
 async def test_task_type_bad_input_exits_2_with_one_line_and_stores_nothing(
@@ -121,6 +130,45 @@ async def test_task_type_bad_input_exits_2_with_one_line_and_stores_nothing(
     assert message in result.err
     assert "short" not in result.err  # a secret is never echoed
     assert [t.name for t in await api.ledger.task_types_list()] == ["noop"]
+
+
+async def test_a_redis_task_type_is_set_and_its_urls_credentials_never_printed(
+    api: Api, cli: Cli
+) -> None:
+    url = "redis://app:pw-Hunter2@10.0.0.5:6379/0"
+    result = await cli(
+        "task-type", "set", "ticks", "--kind", "redis", "--url", url, "--stream", "ticks",
+        "--maxlen", "1000", "--dedup-ttl", "7200",
+    )  # fmt: skip
+    assert (result.code, result.err) == (0, "")
+    stored = await api.ledger.task_types_get("ticks")
+    assert (stored.kind, stored.settings) == (
+        HandlerKind.REDIS,
+        {"url": url, "stream": "ticks", "maxlen": 1000, "dedup_ttl_s": 7200},
+    )
+    for command in (["list"], ["list", "-o", "json"], ["show", "ticks", "-o", "json"]):
+        shown = await cli("task-type", *command)
+        assert shown.code == 0
+        assert "pw-Hunter2" not in shown.out
+    shown = await cli("task-type", "show", "ticks")
+    assert f"url: redis://{fingerprint('app:pw-Hunter2')}@10.0.0.5:6379/0" in shown.out
+    assert "pw-Hunter2" not in shown.out
+
+
+async def test_a_nats_task_type_is_set_with_its_subject_and_expected_stream(
+    api: Api, cli: Cli
+) -> None:
+    result = await cli(
+        "task-type", "set", "ticks", "--kind", "nats", "--url", "nats://tok-3n@10.0.0.5:4222",
+        "--subject", "ticks.report", "--stream", "TICKS",
+    )  # fmt: skip
+    assert (result.code, result.err) == (0, "")
+    assert "tok-3n" not in result.out
+    stored = await api.ledger.task_types_get("ticks")
+    assert (stored.kind, stored.settings) == (
+        HandlerKind.NATS,
+        {"url": "nats://tok-3n@10.0.0.5:4222", "subject": "ticks.report", "stream": "TICKS"},
+    )
 
 
 async def test_task_type_owner_and_grants_decide_which_tenants_may_use_it(

@@ -140,6 +140,7 @@ def node_config(
         catchup_grace_s=30,
         shutdown_timeout_s=5,
         webhook_allow_cidrs="127.0.0.0/8" if allow_loopback else "",
+        broker_allow_cidrs="127.0.0.0/8" if allow_loopback else "",
     )
 
 

@@ -130,6 +130,19 @@ async def test_malformed_task_types_are_refused_with_the_field_named(
     assert [t.name for t in await backend.ledger.task_types_list()] == ["noop"]
 
 
+@pytest.mark.parametrize("kind", list(HandlerKind))
+async def test_every_handler_kind_is_stored_and_read_back(
+    backend: Backend, kind: HandlerKind
+) -> None:
+    """Every kind the registry knows fits the ledger's kind check (Postgres: migration 0010
+    added the broker kinds)."""
+    settings = {"url": "redis://10.0.0.5:6379/0", "stream": "ticks"}
+    wanted = TaskType(name=f"of-{kind}", kind=kind, settings=settings, allowed_tenants=("acme",))
+    stored = await backend.ledger.task_types_put(TaskTypesPut(wanted))
+    assert (stored.kind, stored.settings) == (kind, settings)
+    assert await backend.ledger.task_types_get(f"of-{kind}") == stored
+
+
 async def test_unknown_task_types_are_not_found(backend: Backend) -> None:
     with pytest.raises(NotFound):
         await backend.ledger.task_types_get("nope")

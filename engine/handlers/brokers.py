@@ -1,0 +1,290 @@
+"""The broker bridge: the node's message-broker clients, on an asyncio loop of their own.
+
+The broker clients Carillon uses (redis-py's asyncio client, nats-py, aio-pika) speak only
+asyncio; the engine speaks trio. They run where asyncpg runs, behind the same primitive
+(:mod:`engine.ledger.bridge`): a daemon thread with a uvloop event loop, which trio code
+hands one coroutine per unit of work (one publish) and sleeps until it is done. It is a
+*second* bridge, on its own thread (``carillon-broker-bridge``), so a slow broker never
+queues behind the database's hops, nor the database behind a broker.
+
+What it keeps, and the invariants:
+
+* **Clients pooled per key.** A handler names its client by a key made from its *vetted*
+  settings (kind, URL and credentials, the vetted address it connects to); every publish
+  with the same key shares one client and its connections, whichever task type sent it.
+  Connecting happens once per key even when many publishes ask at once: they all await the
+  same connect. A connect that fails is forgotten, so the next publish connects anew.
+* **Everything broker-side runs on the loop thread.** ``connect`` and ``op`` are called
+  there, the client never leaves it; the trio side only sees results and exceptions,
+  which propagate unchanged.
+* **Cancellation reaches the asyncio side.** A trio cancellation (the attempt's timeout,
+  the attempt abandoned, the node stopping) cancels the asyncio task of the publish, and the
+  trio caller returns only once it has unwound (the bridge's rule): the client library
+  gives the connection back (or discards it) in its own ``finally``, so no connection slot
+  outlives its publish.
+* **Re-established after a broker restart.** The client libraries reconnect a dropped
+  connection themselves (each handler says how); a client whose connect failed, or which
+  says it is no longer :meth:`~BrokerClient.usable` (closed for good), is replaced at the
+  next publish.
+* **Idle clients are closed**: one not used for ``idle_close_s`` (its settings changed, its
+  host now resolves elsewhere) is closed at the next publish.
+* **Closed with the owner.** :meth:`BrokerBridge.aclose` closes every client and then the
+  thread; a publish after that raises :class:`RuntimeError`. The pipeline owns the node's
+  bridge, so a restarted pipeline starts with a fresh one (and fresh connections). The
+  thread starts on the first publish: a node without broker task types runs none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
+from contextlib import asynccontextmanager
+from typing import Final, Protocol, TypeVar, cast
+
+import msgspec
+import trio
+
+from engine.ledger.bridge import BRIDGE_SHUTDOWN_TIMEOUT_S, DatabaseBridge, start_bridge
+
+__all__ = [
+    "THREAD_NAME",
+    "BrokerBridge",
+    "BrokerBridgeStatistics",
+    "BrokerClient",
+    "open_broker_bridge",
+]
+
+log = logging.getLogger("carillon.brokers")
+
+THREAD_NAME: Final = "carillon-broker-bridge"
+IDLE_CLOSE_S_DEFAULT: Final = 300.0
+"""A client unused this long is closed (at the next publish through the bridge)."""
+CLOSE_TIMEOUT_S: Final = 2.0
+"""How long closing one client may take before it is abandoned."""
+
+
+class BrokerClient(Protocol):
+    """What the bridge needs of a client (called on the loop thread)."""
+
+    def usable(self) -> bool:
+        """False once the client is closed for good (its library gave up reconnecting): the
+        bridge then replaces it with a new one."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+ClientT = TypeVar("ClientT", bound=BrokerClient)
+T = TypeVar("T")
+
+
+class BrokerBridgeStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """Counters of a :class:`BrokerBridge` (read on the trio side; a snapshot)."""
+
+    started: bool
+    """Whether the loop thread runs (it starts with the first publish)."""
+    clients: int
+    """Clients held now (connected or connecting)."""
+    connects: int
+    """Clients made (each a connect, successful or not)."""
+    closed: int
+    """Clients closed: idle, failed to connect, or at shutdown."""
+    in_use: int
+    """Publishes running on the loop now."""
+
+
+class _Entry:
+    """One pooled client (loop thread only)."""
+
+    __slots__ = ("client", "last_used", "users")
+
+    def __init__(self, client: asyncio.Future[BrokerClient], now: float) -> None:
+        self.client = client
+        self.users = 0
+        self.last_used = now
+
+
+class BrokerBridge:
+    """The node's broker clients on their own asyncio loop (see the module docstring).
+
+    Made by :func:`open_broker_bridge`; bound to the trio run that made it.
+    """
+
+    def __init__(
+        self,
+        *,
+        idle_close_s: float = IDLE_CLOSE_S_DEFAULT,
+        thread_name: str = THREAD_NAME,
+        shutdown_timeout_s: float = BRIDGE_SHUTDOWN_TIMEOUT_S,
+    ) -> None:
+        self._idle_close_s = idle_close_s
+        self._thread_name = thread_name
+        self._shutdown_timeout_s = shutdown_timeout_s
+        self._bridge: DatabaseBridge | None = None
+        self._closed = False
+        # Written on the loop thread only; read from trio as snapshots (ints, one dict).
+        self._clients: dict[Hashable, _Entry] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+        self._connects = 0
+        self._closes = 0
+        self._in_use = 0
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` has begun: publishes are refused from then on."""
+        return self._closed
+
+    def statistics(self) -> BrokerBridgeStatistics:
+        return BrokerBridgeStatistics(
+            started=self._bridge is not None,
+            clients=len(self._clients),
+            connects=self._connects,
+            closed=self._closes,
+            in_use=self._in_use,
+        )
+
+    async def run(
+        self,
+        key: Hashable,
+        connect: Callable[[], Awaitable[ClientT]],
+        op: Callable[[ClientT], Awaitable[T]],
+    ) -> T:
+        """``await op(client)`` on the loop thread, with the client pooled under ``key``
+        (made by ``await connect()`` there if there is none).
+
+        A checkpoint. Exceptions from ``connect`` and ``op`` propagate unchanged; a
+        cancellation cancels them and returns once they have unwound. ``connect`` must bound
+        its own time (a connect timeout): publishes that share it wait for it. Raises
+        :class:`RuntimeError` once the bridge is closed.
+        """
+        if self._closed:
+            raise RuntimeError("the broker bridge is closed")
+        bridge = self._bridge
+        if bridge is None:
+            bridge = self._bridge = start_bridge(
+                thread_name=self._thread_name, shutdown_timeout_s=self._shutdown_timeout_s
+            )
+        return await bridge.call(self._run, key, connect, op)
+
+    async def aclose(self) -> None:
+        """Close every client, then the loop thread. Idempotent; shielded from cancellation."""
+        if self._closed:
+            return
+        self._closed = True
+        bridge = self._bridge
+        if bridge is None:
+            return
+        with trio.CancelScope(shield=True):
+            with contextlib.suppress(RuntimeError):
+                await bridge.call(self._close_all)
+            await bridge.aclose()
+
+    # --- loop thread -------------------------------------------------------------------
+
+    async def _run(
+        self,
+        key: Hashable,
+        connect: Callable[[], Awaitable[ClientT]],
+        op: Callable[[ClientT], Awaitable[T]],
+    ) -> T:
+        loop = asyncio.get_running_loop()
+        self._close_idle(loop.time())
+        entry = self._entry(key, connect)
+        entry.users += 1
+        self._in_use += 1
+        try:
+            # Shielded: a cancelled publish leaves the shared connect to the others.
+            # The entry under this key was made by a connect of this key's client type.
+            client = cast(ClientT, await asyncio.shield(entry.client))
+            if not client.usable():
+                # Closed for good (its library gave up on it): replace it, once.
+                self._discard(key, entry)
+                entry.users -= 1
+                entry = self._entry(key, connect)
+                entry.users += 1
+                client = cast(ClientT, await asyncio.shield(entry.client))
+            return await op(client)
+        finally:
+            entry.users -= 1
+            self._in_use -= 1
+            entry.last_used = loop.time()
+
+    def _entry(self, key: Hashable, connect: Callable[[], Awaitable[BrokerClient]]) -> _Entry:
+        entry = self._clients.get(key)
+        if entry is None:
+            loop = asyncio.get_running_loop()
+            connecting = loop.create_task(self._connect(key, connect))
+            connecting.add_done_callback(_retrieve)
+            entry = self._clients[key] = _Entry(connecting, loop.time())
+            self._connects += 1
+        return entry
+
+    def _discard(self, key: Hashable, entry: _Entry) -> None:
+        """Close ``entry``'s client in the background, if it is still the one under ``key``."""
+        if self._clients.get(key) is entry:
+            del self._clients[key]
+            task = asyncio.get_running_loop().create_task(self._close_one(entry))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def _connect(
+        self, key: Hashable, connect: Callable[[], Awaitable[ClientT]]
+    ) -> BrokerClient:
+        try:
+            return await connect()
+        except BaseException:
+            # Forget it, so the next publish connects anew (a broker that was down).
+            entry = self._clients.get(key)
+            if entry is not None and entry.client is asyncio.current_task():
+                del self._clients[key]
+                self._closes += 1
+            raise
+
+    def _close_idle(self, now: float) -> None:
+        idle = [
+            key
+            for key, entry in self._clients.items()
+            if entry.users == 0 and now - entry.last_used >= self._idle_close_s
+        ]
+        for key in idle:
+            self._discard(key, self._clients[key])
+
+    async def _close_one(self, entry: _Entry) -> None:
+        self._closes += 1
+        future = entry.client
+        if not future.done():
+            future.cancel()
+            return
+        if future.cancelled() or future.exception() is not None:
+            return
+        try:
+            await asyncio.wait_for(future.result().aclose(), CLOSE_TIMEOUT_S)
+        except Exception as exc:  # a client that cannot close cleanly is dropped anyway
+            log.warning("closing a broker client failed: %s", type(exc).__name__)
+
+    async def _close_all(self) -> None:
+        entries = list(self._clients.values())
+        self._clients.clear()
+        await asyncio.gather(*(self._close_one(entry) for entry in entries))
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
+
+
+def _retrieve(future: asyncio.Future[BrokerClient]) -> None:
+    """Mark a failed connect's exception as seen: every waiter got it, or gave up waiting."""
+    if not future.cancelled():
+        future.exception()
+
+
+@asynccontextmanager
+async def open_broker_bridge(
+    *, idle_close_s: float = IDLE_CLOSE_S_DEFAULT
+) -> AsyncIterator[BrokerBridge]:
+    """A :class:`BrokerBridge` for the block; its clients and thread are closed on exit."""
+    brokers = BrokerBridge(idle_close_s=idle_close_s)
+    try:
+        yield brokers
+    finally:
+        await brokers.aclose()
