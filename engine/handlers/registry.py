@@ -20,12 +20,13 @@ from engine.handlers.http_client import WebhookClient
 from engine.handlers.nats_jetstream import NatsHandler
 from engine.handlers.noop import NoopHandler
 from engine.handlers.python import PythonHandler, PythonSettings, check_callable_path
+from engine.handlers.rabbitmq import RabbitmqHandler
 from engine.handlers.redis_stream import RedisHandler
 from engine.handlers.shell import ShellHandler
 from engine.handlers.webhook import WebhookHandler
 from engine.model import TaskType
 
-HANDLER_KINDS: Final = ("nats", "noop", "python", "redis", "shell", "webhook")
+HANDLER_KINDS: Final = ("nats", "noop", "python", "rabbitmq", "redis", "shell", "webhook")
 _EVERY_KIND: Final = HandlerOptions(enable_shell=True, enable_python=True)
 
 
@@ -105,4 +106,6 @@ def build_handler(
             brokers=brokers,
             task_type=task_type_name,
         )
+    if kind == "rabbitmq":
+        return RabbitmqHandler(settings, options=options, brokers=brokers)
     raise InvalidField(f"unknown handler kind {kind!r}; choose one of {', '.join(HANDLER_KINDS)}")
