@@ -46,7 +46,9 @@ the vetted address (``amqps://`` keeps the host name for the certificate).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+import secrets
 import ssl
 from collections.abc import Mapping
 from typing import Any, Final
@@ -55,8 +57,10 @@ from urllib.parse import unquote, urlsplit
 import aio_pika
 import aio_pika.abc
 import aiormq
+import aiormq.connection
 import aiormq.exceptions
 import msgspec
+import pamqp.exceptions
 import trio
 from pamqp import commands as spec
 from yarl import URL
@@ -220,11 +224,45 @@ class _Channel:
         return not self.channel.is_closed
 
 
+class _Transport(aiormq.connection.TransportFactory):
+    """Opens the connection's socket to the vetted address (``url``'s host), checking the TLS
+    certificate of ``tls_name``; keeps the socket, so closing the client closes it even when
+    the client library does not (it leaves the socket of a connection the broker closed)."""
+
+    def __init__(self, tls_name: str | None) -> None:
+        self.tls_name = tls_name
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def create(
+        self, url: URL, **kwargs: Any
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        provider = kwargs.pop("ssl_context_provider")
+        tls: dict[str, Any] = {}
+        if self.tls_name is not None:
+            tls = {"ssl": await provider.get_context(), "server_hostname": self.tls_name}
+        try:
+            reader, writer = await asyncio.open_connection(
+                host=url.host, port=url.port, **tls, **kwargs
+            )
+        except OSError as error:
+            raise aiormq.exceptions.AMQPConnectionError(*error.args) from error
+        self.writer = writer
+        return reader, writer
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
 class _Client:
     """A connection and its confirm-mode channels (on the broker bridge's loop)."""
 
-    def __init__(self, connection: aio_pika.abc.AbstractConnection) -> None:
+    def __init__(
+        self, connection: aio_pika.abc.AbstractConnection, transport: _Transport, name: str
+    ) -> None:
         self.connection = connection
+        self.transport = transport
+        self.name = name
         self.channels: list[_Channel] = []
         self._opening = asyncio.Lock()
 
@@ -234,7 +272,10 @@ class _Client:
         return self.connection.connected.is_set() and not self.connection.is_closed
 
     async def aclose(self) -> None:
-        await self.connection.close()
+        try:
+            await self.connection.close()
+        finally:
+            self.transport.close()
 
     async def channel_for(self, message_id: str) -> _Channel:
         """An open channel not publishing ``message_id`` now (opened if there is none)."""
@@ -252,19 +293,11 @@ class _Client:
             self.channels.append(opened)
             return opened
 
-    def local_port(self) -> int:
-        """The connection's local TCP port (tests find the connection broker-side by it)."""
-        transport = self.connection.transport
-        assert transport is not None
-        writer = transport.connection.writer
-        assert writer is not None
-        port: int = writer.get_extra_info("sockname")[1]
-        return port
 
-
-async def local_port(client: _Client) -> int:
-    """:meth:`_Client.local_port`, as a bridge operation."""
-    return client.local_port()
+async def connection_name(client: _Client) -> str:
+    """The name the client's connection gave the broker, as a bridge operation (tests find
+    the connection broker-side by it)."""
+    return client.name
 
 
 class RabbitmqHandler:
@@ -323,6 +356,10 @@ class RabbitmqHandler:
             await brokers.run(self._key(address), self._connector(address), self._op(context))
         except (aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError) as error:
             return self._classify(error)
+        except pamqp.exceptions.AMQPInternalError as error:
+            # The broker closed the connection while it opened (a vhost the user may not
+            # use: 530 NOT_ALLOWED): the client reports the close frame as unexpected.
+            return self._refused_open(error)
         except (OSError, TimeoutError) as error:
             code = "timeout" if isinstance(error, TimeoutError) else "rabbitmq_connection_error"
             return HandlerResult.transient(code, f"{self._where}: {type(error).__name__}")
@@ -359,15 +396,18 @@ class RabbitmqHandler:
             if target.tls:
                 context = ssl_context or ssl.create_default_context()
             connection = aio_pika.Connection(url, ssl_context=context)
-            if target.tls:
-                # Connect to the vetted address, check the certificate of the host's name.
-                connection.kwargs["server_hostname"] = target.host
+            transport = _Transport(target.host if target.tls else None)
+            connection.kwargs["transport_factory"] = transport
+            # What the broker's connection list shows: which connection is Carillon's.
+            name = f"carillon {secrets.token_hex(4)}"
+            connection.kwargs["client_properties"] = {"connection_name": name}
             try:
                 await connection.connect(timeout=CONNECT_TIMEOUT_S)
             except BaseException:
                 await _abandon(connection)  # a failed connect may leave its socket open
+                transport.close()
                 raise
-            return _Client(connection)
+            return _Client(connection, transport, name)
 
         return connect
 
@@ -400,6 +440,22 @@ class RabbitmqHandler:
                 channel.in_flight.discard(message_id)
 
         return publish
+
+    def _refused_open(self, error: pamqp.exceptions.AMQPInternalError) -> HandlerResult:
+        close = next((arg for arg in error.args if isinstance(arg, spec.Connection.Close)), None)
+        if close is None:
+            return HandlerResult.permanent(
+                "rabbitmq_error", f"{self._where}: {type(error).__name__}"
+            )
+        text = f"{self._where}: the broker refused the connection ({close.reply_code} "
+        text += f"{close.reply_text})"
+        if close.reply_code == 403:
+            return HandlerResult.permanent("rabbitmq_auth_error", text)
+        if close.reply_code == 530:
+            return HandlerResult.permanent("rabbitmq_access_refused", text)
+        if close.reply_code in (320, 541):  # CONNECTION_FORCED, INTERNAL_ERROR: shutting down
+            return HandlerResult.transient("rabbitmq_connection_error", text)
+        return HandlerResult.permanent("rabbitmq_error", text)
 
     def _classify(
         self, error: aiormq.exceptions.AMQPError | aiormq.exceptions.ChannelInvalidStateError
@@ -440,7 +496,5 @@ class RabbitmqHandler:
 
 
 async def _abandon(connection: aio_pika.abc.AbstractConnection) -> None:
-    try:
+    with contextlib.suppress(Exception):  # one that never opened has nothing to close
         await connection.close()
-    except Exception:  # noqa: S110 — a connection that never opened has nothing to close
-        pass
