@@ -50,7 +50,7 @@ import contextlib
 import re
 import secrets
 import ssl
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 from urllib.parse import unquote, urlsplit
 
@@ -277,6 +277,37 @@ class _Client:
         finally:
             self.transport.close()
 
+    @contextlib.asynccontextmanager
+    async def failing_when_closed(self) -> AsyncIterator[None]:
+        """Run the block, failing it with :class:`~aiormq.exceptions.AMQPConnectionError` as
+        soon as the connection closes: the client library leaves a publish whose connection
+        dropped under it waiting for a write that never comes."""
+        transport = self.connection.transport
+        if transport is None or transport.connection.is_closed:
+            raise aiormq.exceptions.AMQPConnectionError("the connection is closed")
+        closing: asyncio.Future[Any] = transport.connection.closing
+        current = asyncio.current_task()
+        assert current is not None
+        closed_under = False
+
+        def closed(_: asyncio.Future[Any]) -> None:
+            nonlocal closed_under
+            closed_under = True
+            current.cancel()
+
+        closing.add_done_callback(closed)
+        try:
+            yield
+        except asyncio.CancelledError:
+            if not closed_under:
+                raise
+            current.uncancel()
+            raise aiormq.exceptions.AMQPConnectionError(
+                "the connection closed during the publish"
+            ) from None
+        finally:
+            closing.remove_done_callback(closed)
+
     async def channel_for(self, message_id: str) -> _Channel:
         """An open channel not publishing ``message_id`` now (opened if there is none)."""
         self.channels = [c for c in self.channels if c.open()]
@@ -425,19 +456,20 @@ class RabbitmqHandler:
         mandatory = self._mandatory
 
         async def publish(client: _Client) -> None:
-            channel = await client.channel_for(message_id)
-            channel.in_flight.add(message_id)
-            try:
-                underlay = await channel.channel.get_underlay_channel()
-                await underlay.basic_publish(
-                    body,
-                    exchange=exchange,
-                    routing_key=routing_key,
-                    properties=properties,
-                    mandatory=mandatory,
-                )
-            finally:
-                channel.in_flight.discard(message_id)
+            async with client.failing_when_closed():
+                channel = await client.channel_for(message_id)
+                channel.in_flight.add(message_id)
+                try:
+                    underlay = await channel.channel.get_underlay_channel()
+                    await underlay.basic_publish(
+                        body,
+                        exchange=exchange,
+                        routing_key=routing_key,
+                        properties=properties,
+                        mandatory=mandatory,
+                    )
+                finally:
+                    channel.in_flight.discard(message_id)
 
         return publish
 

@@ -127,6 +127,7 @@ def consume_once_per_message_id(url: str, queue: str, database: Path) -> int:
     primary key: a repeat inserts nothing) and apply the message's effect only if it was
     new; commit, then ack. Consumes the queue until it is empty; returns messages seen."""
     db = sqlite3.connect(database)
+    db.execute("PRAGMA synchronous = OFF")  # a test's database: atomicity, not durability
     db.executescript(RECIPE_SCHEMA)
 
     async def work(channel: aio_pika.abc.AbstractChannel) -> int:

@@ -93,12 +93,10 @@ async def publish_until_done(
 async def close_my_connection(brokers: BrokerBridge, publisher: RabbitmqHandler) -> None:
     """Close the publisher's pooled connection from the broker's side (only that one)."""
     address = (await publisher._host.addresses())[0]
-    name = await brokers.run(publisher._key(address), _never_connects, connection_name)
+    # With the publisher's own connect: a dropped connection is replaced here as at a publish.
+    connect = publisher._connector(address)
+    name = await brokers.run(publisher._key(address), connect, connection_name)
     await trio.to_thread.run_sync(close_connection_named, name)
-
-
-async def _never_connects() -> Any:
-    raise AssertionError("the client should exist already")
 
 
 # -- what is published --------------------------------------------------------------------
@@ -339,36 +337,53 @@ async def test_a_burst_with_redeliveries_and_dropped_connections_lands_n_distinc
 ) -> None:
     """Repeats (30 % published twice at once, 20 % cancelled mid-publish, and every publish
     in flight when the connection is closed under it) may store a message twice; the
-    documented consumer recipe applies each execution's effect once."""
+    documented consumer recipe applies each execution's effect once.
+
+    Beside the burst, publishes the broker drops (``mandatory`` off, a key bound to nothing)
+    keep the shared connection busy, so each close meets publishes in flight."""
     publisher = handler(brokers, topology)
+    busy = handler(brokers, topology, routing_key="bound.to.nothing", mandatory=False)
     failures: list[str] = []
     succeeded: list[int] = []
     closes = 0
 
-    async def close_twice() -> None:
+    async def close_twice(done: trio.CancelScope) -> None:
         nonlocal closes
         for share in (N // 4, N // 2):
             while len(succeeded) < share:
                 await trio.sleep(0.001)
             await close_my_connection(brokers, publisher)
             closes += 1
+        done.cancel()
+
+    async def keep_busy(worker: int) -> None:
+        for k in range(1_000_000):
+            result = await busy.run(make_context(execution_id=f"busy{worker}-{k}"))
+            if result.kind is OutcomeKind.TRANSIENT:
+                failures.append(result.error_code or "")
+                await trio.sleep(0.01)
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(close_twice)
-        nursery.start_soon(
-            functools.partial(
-                burst,
-                publisher,
-                range(N),
-                interrupt=0.2,
-                failures=failures,
-                succeeded=succeeded,
-                pace_s=0.002,
-            )
-        )
+        with trio.CancelScope() as done:
+            async with trio.open_nursery() as pressure:
+                for worker in range(8):
+                    pressure.start_soon(keep_busy, worker)
+                pressure.start_soon(close_twice, done)
+                nursery.start_soon(
+                    functools.partial(
+                        burst,
+                        publisher,
+                        range(N),
+                        interrupt=0.2,
+                        failures=failures,
+                        succeeded=succeeded,
+                        pace_s=0.01,
+                    )
+                )
 
     assert closes == 2
     assert "rabbitmq_connection_error" in failures or "rabbitmq_channel_closed" in failures
+    assert brokers.statistics().connects == 3  # replaced after each close
     ids = await message_ids_kept(topology)
     assert len(ids) >= N
     assert set(ids) == {f"e{n}" for n in range(N)}
