@@ -1,0 +1,87 @@
+"""A real node on PostgreSQL publishes a rabbitmq task type's fires to the machine's
+RabbitMQ (an exchange and a queue of the test's own), through the whole execution path."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import pytest
+import trio
+
+from engine.core.instants import format_utc
+from engine.core.timetable import Timetable
+from engine.ledger.base import SchedulesCreate, TaskTypesPut
+from engine.ledger.postgres import open_postgres_ledger
+from engine.model import ExecutionStatus, HandlerKind, Schedule, TaskType
+from tests.e2e.harness import EVERY_2_S, executions_of, running_node, wait_for_execution
+from tests.handlers.rabbitmq_broker import Topology, topology
+from tests.ledger.backends import postgres_template_database
+
+__all__ = ["topology"]  # the fixture, imported for this module's tests
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+async def url(database_url: str, postgres_template: str) -> AsyncIterator[str]:
+    async with postgres_template_database(database_url, postgres_template) as fresh:
+        yield fresh
+
+
+async def test_each_fire_is_published_with_its_execution_id_as_message_id(
+    url: str, topology: Topology
+) -> None:
+    async with open_postgres_ledger(url) as ledger:
+        async with running_node(url):
+            await ledger.task_types_put(
+                TaskTypesPut(
+                    TaskType(
+                        name="ticks",
+                        kind=HandlerKind.RABBITMQ,
+                        allowed_tenants=("*",),
+                        settings={
+                            "url": topology.url,
+                            "exchange": topology.exchange,
+                            "routing_key": topology.routing_key,
+                            "timeout_s": 2,
+                        },
+                    )
+                )
+            )
+            now = await ledger.database_now()
+            first = Timetable.compile(EVERY_2_S).next_fire(now + timedelta(seconds=1)).planned_at
+            await ledger.schedules_create(
+                SchedulesCreate(
+                    [
+                        Schedule(
+                            schedule_id="e2e-rabbitmq",
+                            tenant_id="acme",
+                            cron_expr=EVERY_2_S,
+                            task_type="ticks",
+                            next_run_at=first,
+                            payload={"report": "daily"},
+                        )
+                    ]
+                )
+            )
+            done = await wait_for_execution(
+                ledger, "e2e-rabbitmq", lambda e: e.status is ExecutionStatus.SUCCEEDED
+            )
+            await wait_for_execution(
+                ledger,
+                "e2e-rabbitmq",
+                lambda e: e.status is ExecutionStatus.SUCCEEDED and e.planned_at > done.planned_at,
+            )
+        executions = await executions_of(ledger, "e2e-rabbitmq")
+
+    published = await trio.to_thread.run_sync(topology.drain)
+    ids = [message.message_id for message in published]
+    assert len(ids) == len(set(ids))
+    succeeded = {e.execution_id for e in executions if e.status is ExecutionStatus.SUCCEEDED}
+    assert succeeded <= set(ids)
+    message = next(m for m in published if m.message_id == done.execution_id)
+    assert message.headers["X-Carillon-Planned-At"] == format_utc(done.planned_at)
+    assert message.delivery_mode == 2
+    assert json.loads(message.body)["payload"] == {"report": "daily"}
