@@ -376,9 +376,9 @@ def rabbitmq_landed(url: str, target: str) -> tuple[int, int]:
     return uvloop.run(_rabbitmq(url, read))  # type: ignore[no-any-return]
 
 
-async def _rabbitmq_bare(url: str, target: str, n: int) -> float:
+async def _rabbitmq_bare(settings: dict[str, Any], n: int) -> float:
     """The handler's own connect and publish coroutines, on a plain uvloop loop."""
-    handler = RabbitmqHandler(rabbitmq_settings(url, target), options=HandlerOptions())
+    handler = RabbitmqHandler(settings, options=HandlerOptions())
     client = await handler._connector(ipaddress.ip_address("127.0.0.1"))()
     try:
         return await _bare(lambda i: handler._op(_context(i))(client), n, RABBITMQ_IN_FLIGHT)
@@ -387,7 +387,8 @@ async def _rabbitmq_bare(url: str, target: str, n: int) -> float:
 
 
 def rabbitmq_bare(url: str, target: str, n: int) -> float:
-    return uvloop.run(_rabbitmq_bare(url, target, n))
+    settings = rabbitmq_settings(url, target)  # a queue of its own
+    return uvloop.run(_rabbitmq_bare(settings, n))
 
 
 BROKERS: Final = {
