@@ -23,13 +23,15 @@ the task type's own ``headers``, which may not use those names.
 
 **Where it runs.** aio-pika on the node's broker bridge (:mod:`engine.handlers.brokers`):
 one connection per vetted settings, shared by every task type with them, and on it a few
-confirm-mode channels. Publishes share a channel (confirms are matched by delivery tag), but
-never two with the same ``message_id`` at once, since the client matches a returned message
-to its publish by ``message_id``: a second concurrent publish of an execution takes another
-channel. A channel the broker closed (a missing exchange, a refused permission) is replaced
-at the next publish; a connection that dropped (a broker restart, a forced close) fails the
-publishes in flight (transient) and is replaced by a new one at the next publish, by the
-bridge. The attempt's timeout and any cancellation cancel the publish on the loop.
+confirm-mode channels per exchange (the broker closes a channel for one publish's error,
+failing all in flight on it: other exchanges' publishes are not among them). Publishes share
+a channel (confirms are matched by delivery tag), but never two with the same
+``message_id`` at once, since the client matches a returned message to its publish by
+``message_id``: a second concurrent publish of an execution takes another channel. A
+channel the broker closed (a missing exchange, a refused permission) is replaced at the next
+publish; a connection that dropped (a broker restart, a forced close) fails the publishes in
+flight (transient) and is replaced by a new one at the next publish, by the bridge. The
+attempt's timeout and any cancellation cancel the publish on the loop.
 
 **SSRF**: as the other broker kinds (:class:`~engine.handlers.brokers.BrokerHost`): the
 host is resolved, every address vetted with ``--broker-allow-cidrs``, the client connects to
@@ -263,8 +265,14 @@ class _Client:
         self.connection = connection
         self.transport = transport
         self.name = name
-        self.channels: list[_Channel] = []
+        self.channels: dict[str, list[_Channel]] = {}
+        """By exchange: the broker closes a channel for an error of one publish (a missing
+        exchange, a refused permission), failing every publish in flight on it, so those of
+        other exchanges (other task types) never share one."""
         self._opening = asyncio.Lock()
+        self.exchanges_seen: set[str] = set()
+        """Exchanges found to exist (once per connection, before a channel publishes to
+        them)."""
 
     def usable(self) -> bool:
         # Dropped (a broker restart, a forced close): aio-pika's plain connection does not
@@ -308,20 +316,43 @@ class _Client:
         finally:
             closing.remove_done_callback(closed)
 
-    async def channel_for(self, message_id: str) -> _Channel:
-        """An open channel not publishing ``message_id`` now (opened if there is none)."""
-        self.channels = [c for c in self.channels if c.open()]
-        for channel in self.channels:
+    async def _check_exchange(self, exchange: str) -> None:
+        """Raise :class:`~aiormq.exceptions.ChannelNotFoundEntity` if ``exchange`` does not
+        exist: asked on a channel of its own, used for nothing else. A publish to a missing
+        exchange would have the broker close the publishing channel, and the client library
+        may still write other publishes on it after the close, which the broker answers by
+        closing the whole connection (``504 CHANNEL_ERROR``): every task type's publishes on
+        it would fail."""
+        channel = await self.connection.channel(publisher_confirms=False)
+        try:
+            await channel.declare_exchange(exchange, passive=True)
+        finally:
+            if not channel.is_closed:
+                await channel.close()
+
+    async def channel_for(self, exchange: str, message_id: str) -> _Channel:
+        """An open channel for publishing to ``exchange`` that is not publishing
+        ``message_id`` now (opened if there is none)."""
+        channels = self.channels[exchange] = [
+            c for c in self.channels.get(exchange, []) if c.open()
+        ]
+        for channel in channels:
             if message_id not in channel.in_flight:
                 return channel
         async with self._opening:
-            for channel in self.channels:  # opened meanwhile by another publish
-                if channel.open() and message_id not in channel.in_flight:
+            if exchange and exchange not in self.exchanges_seen:
+                await self._check_exchange(exchange)
+                self.exchanges_seen.add(exchange)
+            channels = self.channels[exchange] = [
+                c for c in self.channels.get(exchange, []) if c.open()
+            ]
+            for channel in channels:  # opened meanwhile by another publish
+                if message_id not in channel.in_flight:
                     return channel
             opened = _Channel(
                 await self.connection.channel(publisher_confirms=True, on_return_raises=True)
             )
-            self.channels.append(opened)
+            channels.append(opened)
             return opened
 
 
@@ -457,7 +488,7 @@ class RabbitmqHandler:
 
         async def publish(client: _Client) -> None:
             async with client.failing_when_closed():
-                channel = await client.channel_for(message_id)
+                channel = await client.channel_for(exchange, message_id)
                 channel.in_flight.add(message_id)
                 try:
                     underlay = await channel.channel.get_underlay_channel()

@@ -219,6 +219,30 @@ async def test_a_missing_exchange_is_permanent_and_its_channel_replaced(
     assert brokers.statistics().clients == 1  # one connection for both: same vetted settings
 
 
+async def test_a_missing_exchange_fails_no_other_exchanges_publishes_in_flight(
+    brokers: BrokerBridge, topology: Topology
+) -> None:
+    """The broker closes the channel of a publish to a missing exchange, with every publish
+    in flight on it: another task type's, to an exchange that exists, is never among them."""
+    good = handler(brokers, topology)
+    missing = handler(brokers, topology, exchange=f"carillon-test.none.{secrets.token_hex(4)}")
+    results: dict[str, list[str | None]] = {"good": [], "missing": []}
+
+    async def publish(name: str, publisher: RabbitmqHandler, n: int) -> None:
+        result = await publisher.run(make_context(execution_id=f"{name}{n}"))
+        results[name].append(result.error_code)
+
+    async with trio.open_nursery() as nursery:
+        for n in range(100):
+            nursery.start_soon(publish, "good", good, n)
+            if n % 10 == 0:
+                nursery.start_soon(publish, "missing", missing, n)
+
+    assert results["good"] == [None] * 100
+    assert results["missing"] == ["rabbitmq_not_found"] * 10
+    assert brokers.statistics().clients == 1  # one connection for both
+
+
 async def test_refused_credentials_are_permanent_and_never_shown(
     brokers: BrokerBridge, topology: Topology, caplog: pytest.LogCaptureFixture
 ) -> None:
