@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import secrets
 import ssl
@@ -79,6 +80,8 @@ from engine.handlers.base import (
 from engine.handlers.brokers import BrokerBridge, BrokerHost, context_headers
 from engine.handlers.ssrf import IPAddress
 from engine.handlers.webhook import request_body
+
+log = logging.getLogger("carillon.brokers")
 
 __all__ = [
     "RabbitmqHandler",
@@ -446,6 +449,7 @@ class RabbitmqHandler:
         ssl_context = self._ssl_context
 
         async def connect() -> _Client:
+            _quiet_unretrieved_amqp_errors(asyncio.get_running_loop())
             url = URL.build(
                 scheme="amqps" if target.tls else "amqp",
                 host=str(address),
@@ -561,3 +565,24 @@ class RabbitmqHandler:
 async def _abandon(connection: aio_pika.abc.AbstractConnection) -> None:
     with contextlib.suppress(Exception):  # one that never opened has nothing to close
         await connection.close()
+
+
+def _quiet_unretrieved_amqp_errors(loop: asyncio.AbstractEventLoop) -> None:
+    """Install, on the broker bridge's loop (once, unless it has a handler of its own), an
+    exception handler that logs at debug level the "Future exception was never retrieved"
+    of aiormq's internal futures: when the broker closes a connection, aiormq rejects them
+    all with the close's error, which every publish in flight already got and reported (as
+    ``rabbitmq_connection_error``). Everything else goes to the loop's default handler."""
+    if loop.get_exception_handler() is not None:
+        return
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        error = context.get("exception")
+        if isinstance(error, aiormq.exceptions.AMQPError) and "never retrieved" in str(
+            context.get("message", "")
+        ):
+            log.debug("aiormq: %s: %s", context.get("message"), type(error).__name__)
+            return
+        loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)

@@ -9,6 +9,7 @@ own (``rabbitmq_broker.Topology``), deleted after; the restart test runs a priva
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -18,6 +19,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiormq.exceptions
 import pytest
 import trio
 
@@ -25,7 +27,11 @@ from engine.core.redaction import redact
 from engine.errors import InvalidField
 from engine.handlers import HandlerOptions, HandlerResult, OutcomeKind
 from engine.handlers.brokers import BrokerBridge, open_broker_bridge
-from engine.handlers.rabbitmq import RabbitmqHandler, connection_name
+from engine.handlers.rabbitmq import (
+    RabbitmqHandler,
+    _quiet_unretrieved_amqp_errors,
+    connection_name,
+)
 from engine.handlers.registry import build_handler, check_settings
 from tests.handlers.conftest import make_context
 from tests.handlers.rabbitmq_broker import (
@@ -316,6 +322,30 @@ async def test_a_connection_closed_by_the_broker_is_replaced_at_the_next_publish
     assert after.kind is OutcomeKind.SUCCEEDED
     assert brokers.statistics().connects == 2
     assert await message_ids(topology) == ["before", "e0"]
+
+
+def test_aiormqs_unretrieved_close_errors_are_said_at_debug_level_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """When the broker closes a connection, aiormq rejects its internal futures with the
+    close's error, which the publishes in flight already reported: asyncio's "never
+    retrieved" error for those is logged at debug level; any other still goes to asyncio."""
+    caplog.set_level(logging.DEBUG)
+    loop = asyncio.new_event_loop()
+    try:
+        _quiet_unretrieved_amqp_errors(loop)
+        never = "Future exception was never retrieved"
+        closed = aiormq.exceptions.ConnectionClosed(320, "CONNECTION_FORCED")
+        loop.call_exception_handler({"message": never, "exception": closed})
+        loop.call_exception_handler({"message": never, "exception": ValueError("other")})
+    finally:
+        loop.close()
+
+    [(level_amqp, logger_amqp), (level_other, logger_other)] = [
+        (r.levelno, r.name) for r in caplog.records if "never retrieved" in r.getMessage()
+    ]
+    assert (level_amqp, logger_amqp) == (logging.DEBUG, "carillon.brokers")
+    assert (level_other, logger_other) == (logging.ERROR, "asyncio")
 
 
 # -- bursts -------------------------------------------------------------------------------
