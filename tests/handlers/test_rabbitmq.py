@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import json
 import logging
 import random
@@ -85,14 +86,17 @@ async def message_ids(target: Topology) -> list[str]:
 async def publish_until_done(
     publisher: RabbitmqHandler, execution: int, failures: list[str] | None = None
 ) -> HandlerResult:
-    """Publish as the retry policy would: again after each transient failure."""
-    for attempt in range(1, 400):
-        result = await publisher.run(make_context(execution_id=f"e{execution}", attempt=attempt))
-        if result.kind is not OutcomeKind.TRANSIENT:
-            return result
-        if failures is not None:
-            failures.append(result.error_code or "")
-        await trio.sleep(0.05)
+    """Publish as the retry policy would: again after each transient failure (for up to 90
+    s: a private node's restart takes 10-20 s on a busy machine)."""
+    with trio.move_on_after(90):
+        for attempt in itertools.count(1):
+            context = make_context(execution_id=f"e{execution}", attempt=attempt)
+            result = await publisher.run(context)
+            if result.kind is not OutcomeKind.TRANSIENT:
+                return result
+            if failures is not None:
+                failures.append(result.error_code or "")
+            await trio.sleep(0.05)
     raise AssertionError(f"execution {execution} never got through")
 
 
