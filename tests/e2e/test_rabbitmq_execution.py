@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import trio
@@ -16,10 +17,17 @@ from engine.ledger.base import SchedulesCreate, TaskTypesPut
 from engine.ledger.postgres import open_postgres_ledger
 from engine.model import ExecutionStatus, HandlerKind, Schedule, TaskType
 from tests.e2e.harness import EVERY_2_S, executions_of, running_node, wait_for_execution
-from tests.handlers.rabbitmq_broker import Topology, topology
+from tests.handlers.rabbitmq_broker import (
+    RabbitServer,
+    Topology,
+    consume_once_per_message_id,
+    effects,
+    rabbit_server,
+    topology,
+)
 from tests.ledger.backends import postgres_template_database
 
-__all__ = ["topology"]  # the fixture, imported for this module's tests
+__all__ = ["rabbit_server", "topology"]  # the fixtures, imported for this module's tests
 
 pytestmark = pytest.mark.postgres
 
@@ -85,3 +93,78 @@ async def test_each_fire_is_published_with_its_execution_id_as_message_id(
     assert message.headers["X-Carillon-Planned-At"] == format_utc(done.planned_at)
     assert message.delivery_mode == 2
     assert json.loads(message.body)["payload"] == {"report": "daily"}
+
+
+async def test_a_publish_lost_with_its_node_is_redelivered_and_the_consumer_applies_it_once(
+    url: str, rabbit_server: RabbitServer, tmp_path: Path
+) -> None:
+    """Node A's first publish hangs unconfirmed (a private node's memory alarm blocks
+    publishers); A is stopped meanwhile, leaving its attempt running; node B redelivers it
+    once the attempt lease runs out. Whether A's message reached the queue or not, the
+    queue holds the execution once or twice (same message_id), and the consumer recipe
+    applies it once."""
+    target = Topology.unique(rabbit_server.url, durable=True)
+    await trio.to_thread.run_sync(target.declare)
+    async with open_postgres_ledger(url) as ledger:
+        await ledger.task_types_put(
+            TaskTypesPut(
+                TaskType(
+                    name="ticks",
+                    kind=HandlerKind.RABBITMQ,
+                    allowed_tenants=("*",),
+                    settings={
+                        "url": target.url,
+                        "exchange": target.exchange,
+                        "routing_key": target.routing_key,
+                        "timeout_s": 30,
+                    },
+                    timeout_s=30,
+                )
+            )
+        )
+        now = await ledger.database_now()
+        first = Timetable.compile(EVERY_2_S).next_fire(now + timedelta(seconds=1)).planned_at
+        [schedule] = await ledger.schedules_create(
+            SchedulesCreate(
+                [
+                    Schedule(
+                        schedule_id="e2e-lost",
+                        tenant_id="acme",
+                        cron_expr=EVERY_2_S,
+                        task_type="ticks",
+                        next_run_at=first,
+                    )
+                ]
+            )
+        )
+        await trio.to_thread.run_sync(rabbit_server.block_publishers)
+        async with running_node(url, "e2e-a", seed=1, attempt_lease_s=4) as (_, stop_a):
+            hanging = await wait_for_execution(
+                ledger, schedule.schedule_id, lambda e: e.status is ExecutionStatus.RUNNING
+            )
+            await trio.sleep(0.5)  # its publish is on the wire
+            stop_a.cancel()  # node A goes away while its publish hangs
+        lost = (await ledger.executions_get(hanging.execution_id)).execution
+        assert (lost.status, lost.attempt) == (ExecutionStatus.RUNNING, 1)
+        await trio.to_thread.run_sync(rabbit_server.unblock_publishers)
+        async with running_node(url, "e2e-b", seed=2, attempt_lease_s=4):
+            done = await wait_for_execution(
+                ledger,
+                schedule.schedule_id,
+                lambda e: (
+                    e.execution_id == hanging.execution_id and e.status is ExecutionStatus.SUCCEEDED
+                ),
+                timeout_s=40,
+            )
+        detail = await ledger.executions_get(hanging.execution_id)
+
+    assert done.attempt == 2
+    assert [(a.attempt, a.outcome) for a in detail.attempts] == [(1, "expired"), (2, "succeeded")]
+    database = tmp_path / "consumer.sqlite"
+    seen = await trio.to_thread.run_sync(
+        consume_once_per_message_id, target.url, target.queue, database
+    )
+    applied = await trio.to_thread.run_sync(effects, database)
+    assert applied.count(hanging.execution_id) == 1
+    assert len(applied) == len(set(applied))  # every execution's effect once
+    assert seen >= len(applied)

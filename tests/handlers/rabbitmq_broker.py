@@ -266,6 +266,20 @@ class RabbitServer:
         self.kill()
         self.start()
 
+    def ctl(self, *arguments: str) -> None:
+        """``rabbitmqctl`` on this node (only this one)."""
+        subprocess.run(
+            [RABBITMQCTL, "-n", self.node, *arguments], capture_output=True, check=True, timeout=60
+        )
+
+    def block_publishers(self) -> None:
+        """A memory alarm (the high watermark at 0): the node stops reading from publishing
+        connections, so their publishes hang unconfirmed."""
+        self.ctl("set_vm_memory_high_watermark", "0")
+
+    def unblock_publishers(self) -> None:
+        self.ctl("set_vm_memory_high_watermark", "0.4")
+
 
 async def _nothing(channel: aio_pika.abc.AbstractChannel) -> None:
     del channel
