@@ -200,15 +200,31 @@ class RabbitServer:
     """A private ``rabbitmq-server`` node (its own name, ports and data under ``base``),
     which a test may kill and start again on the same data."""
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, *, tls: tuple[Path, Path] | None = None) -> None:
+        """``tls``: a certificate and its key: the node also listens with TLS on
+        ``tls_port``."""
         self.base = base
         self.port = free_port()
         self.dist_port = free_port()
+        self.tls_port = free_port()
         self.node = f"carillon-test-{secrets.token_hex(4)}@localhost"
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/"
         self._process: subprocess.Popen[bytes] | None = None
         base.mkdir(parents=True, exist_ok=True)
         (base / "enabled_plugins").write_text("[].\n")
+        config = ""
+        if tls is not None:
+            for source, name in zip(tls, ("cert.pem", "key.pem"), strict=True):
+                shutil.copy(source, base / name)
+                shutil.chown(base / name, user="rabbitmq")
+            config = (
+                f"listeners.ssl.default = {self.tls_port}\n"
+                f"ssl_options.certfile = {base}/cert.pem\n"
+                f"ssl_options.keyfile = {base}/key.pem\n"
+                "ssl_options.verify = verify_none\n"
+                "ssl_options.fail_if_no_peer_cert = false\n"
+            )
+        (base / "rabbitmq.conf").write_text(config)
         shutil.chown(base, user="rabbitmq")  # the server drops to that user
 
     def _environment(self) -> dict[str, str]:
@@ -224,7 +240,7 @@ class RabbitServer:
             "RABBITMQ_PID_FILE": f"{base}/pid",
             "RABBITMQ_FEATURE_FLAGS_FILE": f"{base}/feature_flags",
             "RABBITMQ_ENABLED_PLUGINS_FILE": f"{base}/enabled_plugins",
-            "RABBITMQ_CONFIG_FILE": f"{base}/no-config",
+            "RABBITMQ_CONFIG_FILE": f"{base}/rabbitmq.conf",
             "RABBITMQ_ADVANCED_CONFIG_FILE": f"{base}/no-advanced.config",
         }
 

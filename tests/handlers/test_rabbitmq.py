@@ -16,6 +16,9 @@ import json
 import logging
 import random
 import secrets
+import shutil
+import ssl
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +49,7 @@ from tests.handlers.rabbitmq_broker import (
     topology,
 )
 from tests.handlers.redis_server import free_port
+from tests.handlers.test_webhook_tls import FixedResolver
 
 __all__ = ["rabbit_server", "topology"]  # the fixtures, imported for this module's tests
 
@@ -302,6 +306,40 @@ async def test_a_broker_address_is_vetted_like_a_webhooks(
         assert (result.kind, result.error_code) == (OutcomeKind.PERMANENT, "ssrf_refused")
         assert "--broker-allow-cidrs" in (result.error_message or "")
     assert brokers.statistics().connects == 0
+
+
+async def test_amqps_goes_to_the_vetted_address_and_checks_the_host_names_certificate(
+    brokers: BrokerBridge, certificate: tuple[Path, Path]
+) -> None:
+    """A private node listening with TLS (a certificate for ``sink.test``): the handler
+    connects to the vetted address and checks the certificate against the URL's host."""
+    base = Path(tempfile.mkdtemp(prefix="carillon-rabbitmq-tls-"))
+    server = RabbitServer(base, tls=certificate)
+    previous = trio.socket.set_custom_hostname_resolver(FixedResolver())  # any name: 127.0.0.1
+    trusted = ssl.create_default_context(cafile=str(certificate[0]))
+
+    def publisher(host: str, context: ssl.SSLContext | None) -> RabbitmqHandler:
+        settings: dict[str, Any] = {
+            "url": f"amqps://{host}:{server.tls_port}/",
+            "routing_key": "amq.no-queue",
+            "mandatory": False,  # dropped and confirmed: the TLS is what is tested
+        }
+        return RabbitmqHandler(settings, options=LOOPBACK, brokers=brokers, ssl_context=context)
+
+    try:
+        await trio.to_thread.run_sync(server.start)
+        ok = await publisher("sink.test", trusted).run(make_context())
+        other_name = await publisher("other.test", trusted).run(make_context())
+        untrusted = await publisher("sink.test", None).run(make_context())
+    finally:
+        trio.socket.set_custom_hostname_resolver(previous)
+        await trio.to_thread.run_sync(server.kill)
+        shutil.rmtree(base, ignore_errors=True)
+
+    assert ok.kind is OutcomeKind.SUCCEEDED, ok
+    for refused in (other_name, untrusted):  # the certificate is not that name's, or untrusted
+        assert refused.error_code == "rabbitmq_connection_error"
+        assert "certificate" in (refused.error_message or "").lower()
 
 
 async def test_a_handler_without_the_nodes_broker_bridge_fails_its_attempt(
