@@ -1,14 +1,16 @@
 """A burst of broker publishes: N executions of a message-broker task type due at one instant.
 
-Per broker kind (``--brokers``: ``redis`` and ``nats``), each burst in a throwaway database
-(``carillon_brokers_<hex>``) of the resolved server: one task type ``publish`` of that kind,
+Per broker kind (``--brokers``: ``redis``, ``nats`` and ``rabbitmq``), each burst in a
+throwaway database (``carillon_brokers_<hex>``) of the resolved server: one task type
+``publish`` of that kind,
 its settings at their defaults (for redis: 64 connections, no trimming), and N schedules
 (default 20,000) over 20 tenants, all due at one instant T. One node runs in this process
 (PostgresLedger on the bridge, real clock, ``NodeConfig`` at its defaults apart from its id,
 the log level, ``broker_allow_cidrs="127.0.0.0/8"`` and no HTTP API). The broker is a
 private server started for the run on a free port (``redis-server`` with persistence off,
-``nats-server -js`` with a memory-stored stream: the figures are the engine's and the
-client's, not a disk's), never the machine's shared one.
+``nats-server -js`` with a memory-stored stream, a ``rabbitmq-server`` node of its own
+publishing to a non-durable queue: the figures are the engine's and the client's, not a
+disk's), never the machine's shared one.
 
 Reported per broker: publishes/s (N / T until the last execution had succeeded in the
 ledger: the last publish acknowledged and its completion written), T until all were
@@ -18,9 +20,9 @@ ids (exactly N each: nothing lost, nothing twice), the ledger's duplicates
 **bare loop**: the same client and the same publish (the handler's own connect and publish
 coroutines, so the same Lua script and fields) driven by a plain uvloop loop -- no trio, no
 bridge, no engine -- with as many publishes in flight as the handler's connection pool
-allows (redis) or 64 at once on the one connection (nats), N publishes of fresh ids after a
-warm-up. The node's publishes/s is given as a ratio
-of the bare loop's: what the engine's path (planning, claims and completions in PostgreSQL,
+allows (redis) or 64 at once on the one connection (nats, rabbitmq), N publishes of fresh
+ids after a warm-up. The node's publishes/s is given as a ratio of the bare loop's: what the
+engine's path (planning, claims and completions in PostgreSQL,
 the hop to the broker bridge) leaves of what the client can do.
 
 A full run writes its section of docs/benchmarks.md, its figures to the folder
@@ -28,7 +30,7 @@ docs/bench-results/ (as bench_brokers.json) and rebuilds the Targets section (no
 own); ``--quick`` (1,000 executions, one run) and ``--no-docs`` write none of these.
 
 Usage: python benchmarks/bench_brokers.py [--quick] [--no-docs] [--executions N] [--runs K]
-       [--brokers redis] [--timeout S]
+       [--brokers redis,nats,rabbitmq] [--timeout S]
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
+import aio_pika
 import nats
 import redis
 import trio
@@ -80,6 +83,7 @@ from engine.clock import SystemClock
 from engine.config import BURST_PLAN_RATE_PER_S_DEFAULT, WORKERS_DEFAULT, LogLevel, NodeConfig
 from engine.handlers import ExecutionContext, HandlerOptions
 from engine.handlers.nats_jetstream import NatsHandler
+from engine.handlers.rabbitmq import RabbitmqHandler
 from engine.handlers.redis_stream import MAX_CONNECTIONS_DEFAULT, RedisHandler
 from engine.ledger.database import resolve_database
 from engine.ledger.params import SchedulesCreate, TaskTypesPut
@@ -93,6 +97,9 @@ EXECUTIONS_DEFAULT: Final = 20_000
 REDIS_SERVER: Final = shutil.which("redis-server") or "/usr/bin/redis-server"
 NATS_SERVER: Final = shutil.which("nats-server") or "/usr/sbin/nats-server"
 NATS_IN_FLIGHT: Final = 64
+RABBITMQ_SERVER: Final = shutil.which("rabbitmq-server") or "/usr/sbin/rabbitmq-server"
+RABBITMQ_IN_FLIGHT: Final = 64
+RABBITMQ_EXCHANGE: Final = "carillon-bench"
 
 
 def free_port() -> int:
@@ -283,6 +290,107 @@ def nats_bare(url: str, target: str, n: int) -> float:
     return uvloop.run(_nats_bare(url, subject, n))
 
 
+@contextmanager
+def rabbitmq_serve() -> Iterator[str]:
+    """A private node (its own name, ports and data); the server drops to the rabbitmq
+    user, so its directory is that user's."""
+    directory = tempfile.mkdtemp(prefix="bench-brokers-rabbitmq-")
+    port, dist_port = free_port(), free_port()
+    (Path(directory) / "enabled_plugins").write_text("[].\n")
+    shutil.chown(directory, user="rabbitmq")
+    environment = {
+        **os.environ,
+        "RABBITMQ_NODENAME": f"carillon-bench-{os.getpid()}@localhost",
+        "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+        "RABBITMQ_NODE_PORT": str(port),
+        "RABBITMQ_DIST_PORT": str(dist_port),
+        "RABBITMQ_MNESIA_BASE": f"{directory}/mnesia",
+        "RABBITMQ_LOG_BASE": f"{directory}/log",
+        "RABBITMQ_PID_FILE": f"{directory}/pid",
+        "RABBITMQ_FEATURE_FLAGS_FILE": f"{directory}/feature_flags",
+        "RABBITMQ_ENABLED_PLUGINS_FILE": f"{directory}/enabled_plugins",
+        "RABBITMQ_CONFIG_FILE": f"{directory}/no-config",
+        "RABBITMQ_ADVANCED_CONFIG_FILE": f"{directory}/no-advanced.config",
+    }
+    process = subprocess.Popen(
+        [RABBITMQ_SERVER], env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    url = f"amqp://guest:guest@127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                uvloop.run(_rabbitmq(url, _nothing))
+                break
+            except Exception:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise
+                time.sleep(0.25)
+        yield url
+    finally:
+        pid_file = Path(directory) / "pid"
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text().strip()), 15)
+        process.wait(60)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def _nothing(channel: Any) -> None:
+    del channel
+
+
+async def _rabbitmq(url: str, action: Callable[[Any], Any]) -> Any:
+    connection = await aio_pika.connect(url, timeout=5)
+    try:
+        return await action(await connection.channel())
+    finally:
+        await connection.close()
+
+
+def rabbitmq_settings(url: str, target: str) -> dict[str, Any]:
+    """A non-durable queue of its own for ``target``, bound under that routing key."""
+
+    async def declare(channel: Any) -> None:
+        exchange = await channel.declare_exchange(RABBITMQ_EXCHANGE, "direct")
+        queue = await channel.declare_queue(target)
+        await queue.bind(exchange, target)
+
+    uvloop.run(_rabbitmq(url, declare))
+    return {"url": url, "exchange": RABBITMQ_EXCHANGE, "routing_key": target}
+
+
+def rabbitmq_landed(url: str, target: str) -> tuple[int, int]:
+    async def read(channel: Any) -> tuple[int, int]:
+        queue = await channel.declare_queue(target, passive=True)
+        count = queue.declaration_result.message_count
+        ids: list[str] = []
+        if count:
+            await channel.set_qos(prefetch_count=1000)
+            async with queue.iterator(no_ack=True) as messages:
+                async for message in messages:
+                    ids.append(message.message_id)
+                    if len(ids) == count:
+                        break
+        return len(ids), len(set(ids))
+
+    return uvloop.run(_rabbitmq(url, read))  # type: ignore[no-any-return]
+
+
+async def _rabbitmq_bare(settings: dict[str, Any], n: int) -> float:
+    """The handler's own connect and publish coroutines, on a plain uvloop loop."""
+    handler = RabbitmqHandler(settings, options=HandlerOptions())
+    client = await handler._connector(ipaddress.ip_address("127.0.0.1"))()
+    try:
+        return await _bare(lambda i: handler._op(_context(i))(client), n, RABBITMQ_IN_FLIGHT)
+    finally:
+        await client.aclose()
+
+
+def rabbitmq_bare(url: str, target: str, n: int) -> float:
+    settings = rabbitmq_settings(url, target)  # a queue of its own
+    return uvloop.run(_rabbitmq_bare(settings, n))
+
+
 BROKERS: Final = {
     "redis": Broker(
         HandlerKind.REDIS,
@@ -301,6 +409,15 @@ BROKERS: Final = {
         nats_landed,
         nats_bare,
         NATS_IN_FLIGHT,
+    ),
+    "rabbitmq": Broker(
+        HandlerKind.RABBITMQ,
+        "rabbitmq (confirmed, persistent, message_id)",
+        rabbitmq_serve,
+        rabbitmq_settings,
+        rabbitmq_landed,
+        rabbitmq_bare,
+        RABBITMQ_IN_FLIGHT,
     ),
 }
 

@@ -140,9 +140,9 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     webhook_allow_cidrs: str = ""
     """Comma-separated networks webhooks may reach although the SSRF guard refuses them."""
     broker_allow_cidrs: str = ""
-    """Comma-separated networks message-broker task types (redis, nats) may reach although
-    the SSRF guard refuses them; apart from webhooks' list, because brokers usually live
-    inside the network and webhook receivers outside it."""
+    """Comma-separated networks message-broker task types (redis, nats, rabbitmq) may reach
+    although the SSRF guard refuses them; apart from webhooks' list, because brokers usually
+    live inside the network and webhook receivers outside it."""
     enable_shell: bool = False
     """Whether shell task types may run on this node (off: whoever can create a task type
     could otherwise run any command as the node's user)."""

@@ -138,6 +138,9 @@ class HandlerKind(enum.StrEnum):
     NATS = "nats"
     """Publishes to a NATS JetStream subject, ``Nats-Msg-Id`` = the execution id; settings
     ``url``, ``subject``."""
+    RABBITMQ = "rabbitmq"
+    """Publishes a persistent, confirmed message to a RabbitMQ exchange, ``message_id`` = the
+    execution id; settings ``url``, ``exchange``, ``routing_key``."""
 
 
 GRANTED_BY_NAME_KINDS: Final = frozenset({HandlerKind.PYTHON, HandlerKind.SHELL})

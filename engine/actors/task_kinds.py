@@ -34,7 +34,9 @@ BLOCKING_KINDS: Final = frozenset({HandlerKind.PYTHON, HandlerKind.SHELL})
 """Handler kinds that hold a thread or a process while they run: bounded apart, by the
 dispatcher (the task-type group :data:`BLOCKING_GROUP`, so a backlog of them waits in its
 queue, not in workers) and by the workers (a limiter of as many threads)."""
-CALLING_OUT_KINDS: Final = frozenset({HandlerKind.WEBHOOK, HandlerKind.REDIS, HandlerKind.NATS})
+CALLING_OUT_KINDS: Final = frozenset(
+    {HandlerKind.WEBHOOK, HandlerKind.REDIS, HandlerKind.NATS, HandlerKind.RABBITMQ}
+)
 """Handler kinds that call another service: their attempt span is a client span, the
 parent of the receiver's or consumer's trace (``engine/tracing.py``)."""
 BLOCKING_GROUP: Final = "blocking"

@@ -78,8 +78,9 @@ _HELP: Final = {
         "e.g. 127.0.0.0/8 for a local test receiver"
     ),
     "broker_allow_cidrs": (
-        "comma-separated CIDRs message-broker task types (redis, nats) may reach although the "
-        "SSRF guard refuses them, e.g. 10.0.0.0/8 for the brokers of an internal network"
+        "comma-separated CIDRs message-broker task types (redis, nats, rabbitmq) may reach "
+        "although the SSRF guard refuses them, e.g. 10.0.0.0/8 for the brokers of an internal "
+        "network"
     ),
     "enable_shell": "true to let shell task types run on this node (off by default)",
     "enable_python": "true to let python task types run on this node (off by default)",

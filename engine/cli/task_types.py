@@ -55,6 +55,7 @@ _KIND_OPTIONS: Final = {
     HandlerKind.NOOP: ("delay",),
     HandlerKind.REDIS: ("url", "stream", "maxlen", "dedup_ttl"),
     HandlerKind.NATS: ("url", "subject", "stream"),
+    HandlerKind.RABBITMQ: ("url", "exchange", "routing_key", "mandatory", "header"),
 }
 _REQUIRED: Final = {
     HandlerKind.WEBHOOK: "url",
@@ -62,6 +63,7 @@ _REQUIRED: Final = {
     HandlerKind.SHELL: "argv",
     HandlerKind.REDIS: "url",
     HandlerKind.NATS: "url",
+    HandlerKind.RABBITMQ: "url",
 }
 _LIMITS: Final = {
     "timeout": "timeout_s",
@@ -143,7 +145,8 @@ def _add_set(actions: Any) -> None:
     kinds.add_argument(
         "--url",
         help="webhook: the http(s) URL to POST to; redis: the server, "
-        "redis[s]://[user:password@]host[:port][/db]; nats: nats|tls://[credentials@]host[:port] "
+        "redis[s]://[user:password@]host[:port][/db]; nats: nats|tls://[credentials@]host[:port]; "
+        "rabbitmq: amqp[s]://[user:password@]host[:port][/vhost] "
         "(credentials never printed back)",
     )
     kinds.add_argument("--secret", help="webhook: signing secret (never printed back)")
@@ -152,7 +155,7 @@ def _add_set(actions: Any) -> None:
         type=_key_value,
         action="append",
         metavar="NAME=VALUE",
-        help="webhook: an extra request header (repeatable)",
+        help="webhook: an extra request header; rabbitmq: an extra message header (repeatable)",
     )
     kinds.add_argument("--callable", help="python: the function, as package.module:function")
     kinds.add_argument("--argv", help='shell: the command as a JSON list, e.g. \'["/bin/x", "a"]\'')
@@ -170,6 +173,18 @@ def _add_set(actions: Any) -> None:
         "must land in",
     )
     kinds.add_argument("--subject", help="nats: the subject to publish to")
+    kinds.add_argument(
+        "--exchange", help="rabbitmq: the exchange to publish to ['': the default exchange]"
+    )
+    kinds.add_argument(
+        "--routing-key", help="rabbitmq: the routing key (the queue, on the default exchange)"
+    )
+    kinds.add_argument(
+        "--mandatory",
+        action=argparse.BooleanOptionalAction,
+        help="rabbitmq: an unroutable message fails the attempt for good (--no-mandatory: "
+        "the broker drops it) [mandatory]",
+    )
     kinds.add_argument(
         "--maxlen", type=int, metavar="N", help="redis: keep about N entries (MAXLEN ~)"
     )
@@ -368,6 +383,13 @@ def _settings(kind: HandlerKind, args: argparse.Namespace) -> dict[str, Any]:
             settings["subject"] = args.subject
         if args.stream is not None:
             settings["stream"] = args.stream
+    elif kind is HandlerKind.RABBITMQ:
+        settings["url"] = args.url
+        for option in ("exchange", "routing_key", "mandatory"):
+            if getattr(args, option) is not None:
+                settings[option] = getattr(args, option)
+        if args.header:
+            settings["headers"] = dict(args.header)
     elif args.delay is not None:
         settings["delay_s"] = args.delay
     return settings

@@ -1,10 +1,11 @@
 """Which task-type settings are secrets, and how the API shows them: write-only.
 
 A webhook's signing ``secret`` (and a ``previous_secret`` being rotated out), the values of
-webhook headers whose names look like credentials (``Authorization``, ``X-Api-Key`` ...),
-every value of a shell task type's ``env``, and the credentials of a message broker's
-``url`` (``redis://user:password@host``, ``nats://token@host``: the whole ``user:password``
-part before the ``@``) are secrets. The API stores them as given and
+webhook and rabbitmq headers whose names look like credentials (``Authorization``,
+``X-Api-Key`` ...), every value of a shell task type's ``env``, and the credentials of a
+message broker's ``url`` (``redis://user:password@host``, ``nats://token@host``,
+``amqp://user:password@host``: the whole ``user:password`` part before the ``@``) are
+secrets. The API stores them as given and
 never returns them: each is shown as a fingerprint, ``***sha256:`` and the first 8 hex
 digits of its SHA-256, which says whether it is set and whether it changed, and nothing an
 attacker could use (a fingerprint of a 24-byte random secret cannot be reversed; one of a
@@ -28,10 +29,10 @@ from engine.errors import InvalidField
 
 FINGERPRINT_PREFIX: Final = "***sha256:"
 _SENSITIVE_WORDS: Final = ("secret", "password", "token", "auth", "key", "cookie", "signature")
-BROKER_KINDS: Final = frozenset({"redis", "nats"})
+BROKER_KINDS: Final = frozenset({"redis", "nats", "rabbitmq"})
 """Kinds whose ``url`` may carry credentials."""
 _USERINFO: Final = "\0userinfo"
-"""The slot key of a URL's credentials (no mapping setting of a broker kind has keys)."""
+"""The slot key of a URL's credentials (no header or variable can be named so)."""
 
 
 def sensitive_name(name: str) -> bool:
@@ -52,18 +53,19 @@ def _secret_slots(kind: str, settings: Mapping[str, Any]) -> Iterator[tuple[str,
         for name in ("secret", "previous_secret"):
             if isinstance(settings.get(name), str):
                 yield name, None
+    if kind in ("webhook", "rabbitmq"):
         headers = settings.get("headers")
         if isinstance(headers, Mapping):
             for header, value in headers.items():
                 if isinstance(value, str) and sensitive_name(str(header)):
                     yield "headers", str(header)
-    elif kind == "shell":
+    if kind == "shell":
         env = settings.get("env")
         if isinstance(env, Mapping):
             for variable, value in env.items():
                 if isinstance(value, str):
                     yield "env", str(variable)
-    elif kind in BROKER_KINDS:
+    if kind in BROKER_KINDS:
         url = settings.get("url")
         if isinstance(url, str) and _split_userinfo(url) is not None:
             yield "url", _USERINFO

@@ -164,9 +164,9 @@ class HandlerOptions(msgspec.Struct, frozen=True, kw_only=True):
     """Networks webhooks may reach although the SSRF guard refuses them (``127.0.0.0/8``
     for a local test sink, ``10.1.0.0/16`` for an internal receiver)."""
     broker_allow_cidrs: tuple[str, ...] = ()
-    """Networks the message-broker kinds (``redis``, ``nats``) may reach although the SSRF
-    guard refuses them (``10.0.0.0/8`` for the brokers of an internal network, ``127.0.0.0/8``
-    for one on the node's host)."""
+    """Networks the message-broker kinds (``redis``, ``nats``, ``rabbitmq``) may reach although
+    the SSRF guard refuses them (``10.0.0.0/8`` for the brokers of an internal network,
+    ``127.0.0.0/8`` for one on the node's host)."""
     enable_shell: bool = False
     """Whether ``shell`` task types may run. Off by default: whoever may create a task type
     could otherwise run any command as the node's user, next to its database credentials."""

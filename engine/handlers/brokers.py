@@ -28,6 +28,9 @@ What it keeps, and the invariants:
   next publish.
 * **Idle clients are closed**: one not used for ``idle_close_s`` (its settings changed, its
   host now resolves elsewhere) is closed at the next publish.
+* **Shared by the kinds**: besides the bridge, what every broker kind does the same way
+  lives here: the broker's host resolved and vetted (:class:`BrokerHost`), and the
+  ``X-Carillon-*`` context headers a message carries (:func:`context_headers`).
 * **Closed with the owner.** :meth:`BrokerBridge.aclose` closes every client and then the
   thread; a publish after that raises :class:`RuntimeError`. The pipeline owns the node's
   bridge, so a restarted pipeline starts with a fresh one (and fresh connections). The
@@ -38,21 +41,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable
 from contextlib import asynccontextmanager
 from typing import Final, Protocol, TypeVar, cast
 
 import msgspec
 import trio
 
+from engine.core.instants import format_utc
+from engine.handlers.base import ExecutionContext, HandlerResult
+from engine.handlers.ssrf import AddressRefused, IPAddress, parse_allow_list, resolve, vet
 from engine.ledger.bridge import BRIDGE_SHUTDOWN_TIMEOUT_S, DatabaseBridge, start_bridge
+from engine.tracing import trace_headers
 
 __all__ = [
     "THREAD_NAME",
     "BrokerBridge",
     "BrokerBridgeStatistics",
     "BrokerClient",
+    "BrokerHost",
+    "context_headers",
     "open_broker_bridge",
 ]
 
@@ -63,6 +73,10 @@ IDLE_CLOSE_S_DEFAULT: Final = 300.0
 """A client unused this long is closed (at the next publish through the bridge)."""
 CLOSE_TIMEOUT_S: Final = 2.0
 """How long closing one client may take before it is abandoned."""
+DNS_CACHE_S: Final = 15.0
+"""How long a broker host's DNS answers are reused (they are vetted again at every use)."""
+ALLOW_FLAG: Final = "--broker-allow-cidrs"
+_WHO: Final = {"who": "Broker task types", "flag": ALLOW_FLAG}
 
 
 class BrokerClient(Protocol):
@@ -288,3 +302,59 @@ async def open_broker_bridge(
         yield brokers
     finally:
         await brokers.aclose()
+
+
+class BrokerHost:
+    """A broker kind's host, resolved and vetted like a webhook's (:mod:`engine.handlers.ssrf`)
+    with the node's ``--broker-allow-cidrs``: the client connects to the vetted address
+    itself, never to the name, so a DNS answer cannot change between the check and the
+    connect. Answers are cached :data:`DNS_CACHE_S` and vetted again at every use."""
+
+    def __init__(self, host: str, port: int, allow_cidrs: Iterable[str]) -> None:
+        self.host = host
+        self.port = port
+        self._allow = parse_allow_list(allow_cidrs)
+        self._literal: IPAddress | None
+        try:
+            self._literal = ipaddress.ip_address(host)
+        except ValueError:
+            self._literal = None
+        self._resolved: tuple[float, list[IPAddress]] | None = None
+
+    async def addresses(self) -> list[IPAddress]:
+        """The host's vetted addresses; :class:`~engine.handlers.ssrf.AddressRefused` when
+        one is not allowed, :class:`OSError` when the name does not resolve."""
+        if self._literal is not None:
+            return vet(self.host, [self._literal], self._allow, **_WHO)
+        now = trio.current_time()
+        cached = self._resolved
+        if cached is None or cached[0] <= now:
+            addresses = await resolve(self.host, self.port)
+            cached = self._resolved = (now + DNS_CACHE_S, addresses)
+        return vet(self.host, cached[1], self._allow, **_WHO)
+
+    async def address(self) -> IPAddress | HandlerResult:
+        """The address to connect to, or the attempt's failure: ``ssrf_refused``
+        (permanent), ``dns_error`` (transient)."""
+        try:
+            return (await self.addresses())[0]
+        except AddressRefused as refused:
+            return HandlerResult.permanent("ssrf_refused", str(refused))
+        except OSError as error:
+            return HandlerResult.transient("dns_error", f"could not resolve {self.host}: {error}")
+
+
+def context_headers(context: ExecutionContext) -> dict[str, str]:
+    """The execution's context as the message headers every broker kind sends (the
+    webhook's, plus the tenant): ``X-Carillon-Execution-Id``, ``-Schedule-Id``,
+    ``-Tenant-Id``, ``-Planned-At`` (RFC 3339 UTC), ``-Attempt``, ``-Fencing-Token``; and
+    with tracing on ``traceparent`` (and ``tracestate``), the attempt's W3C trace context."""
+    return {
+        "X-Carillon-Execution-Id": context.execution_id,
+        "X-Carillon-Schedule-Id": context.schedule_id,
+        "X-Carillon-Tenant-Id": context.tenant_id,
+        "X-Carillon-Planned-At": format_utc(context.planned_at),
+        "X-Carillon-Attempt": str(context.attempt),
+        "X-Carillon-Fencing-Token": str(context.fencing_token),
+        **trace_headers(),
+    }

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import re
 import ssl
@@ -57,7 +56,6 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.client import Server
 from nats.js import JetStreamContext
 
-from engine.core.instants import format_utc
 from engine.errors import InvalidField
 from engine.handlers.base import (
     TIMEOUT_S_DEFAULT,
@@ -67,10 +65,9 @@ from engine.handlers.base import (
     check_timeout_s,
     parse_settings,
 )
-from engine.handlers.brokers import BrokerBridge
-from engine.handlers.ssrf import AddressRefused, IPAddress, parse_allow_list, resolve, vet
+from engine.handlers.brokers import BrokerBridge, BrokerHost, context_headers
+from engine.handlers.ssrf import IPAddress
 from engine.handlers.webhook import request_body
-from engine.tracing import trace_headers
 
 __all__ = ["NatsHandler", "NatsSettings", "NatsTarget", "parse_nats_url"]
 
@@ -80,10 +77,8 @@ URL_CHARS_MAX: Final = 2048
 SUBJECT_CHARS_MAX: Final = 256
 CONNECT_TIMEOUT_S: Final = 5
 RECONNECT_WAIT_S: Final = 0.25
-DNS_CACHE_S: Final = 15.0
 _SUBJECT: Final = re.compile(r"^[!-~]+$")
 _STREAM: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_WHO: Final = {"who": "Broker task types", "flag": "--broker-allow-cidrs"}
 _EXPECTED_STREAM_MISMATCH: Final = 10060
 
 
@@ -199,18 +194,12 @@ class NatsHandler:
         self._stream = parsed.stream
         self.timeout_s = check_timeout_s("nats", parsed.timeout_s)
         self._retry_horizon_s = retry_horizon_s
-        self._allow = parse_allow_list(options.broker_allow_cidrs)
+        self._host = BrokerHost(self._target.host, self._target.port, options.broker_allow_cidrs)
         self._brokers = brokers
         self._task_type = task_type
         self._window_checked = False
         """Set on the broker bridge's loop by the first acknowledged publish."""
         self._checks: set[asyncio.Task[None]] = set()
-        self._literal: IPAddress | None
-        try:
-            self._literal = ipaddress.ip_address(self._target.host)
-        except ValueError:
-            self._literal = None
-        self._resolved: tuple[float, list[IPAddress]] | None = None
 
     def __repr__(self) -> str:
         return f"NatsHandler(url={self._target.display!r}, subject={self._subject!r})"
@@ -230,14 +219,9 @@ class NatsHandler:
             return HandlerResult.unknown(
                 "setup_error", "the nats handler was built without the node's broker bridge"
             )
-        try:
-            address = (await self._addresses())[0]
-        except AddressRefused as refused:
-            return HandlerResult.permanent("ssrf_refused", str(refused))
-        except OSError as error:
-            return HandlerResult.transient(
-                "dns_error", f"could not resolve {self._target.host}: {error}"
-            )
+        address = await self._host.address()
+        if isinstance(address, HandlerResult):
+            return address
         try:
             await brokers.run(self._key(address), self._connector(address), self._op(context))
         except nats.errors.Error as error:
@@ -277,16 +261,6 @@ class NatsHandler:
                 window_s,
                 self._retry_horizon_s,
             )
-
-    async def _addresses(self) -> list[IPAddress]:
-        if self._literal is not None:
-            return vet(self._target.host, [self._literal], self._allow, **_WHO)
-        now = trio.current_time()
-        cached = self._resolved
-        if cached is None or cached[0] <= now:
-            addresses = await resolve(self._target.host, self._target.port)
-            cached = self._resolved = (now + DNS_CACHE_S, addresses)
-        return vet(self._target.host, cached[1], self._allow, **_WHO)
 
     def _key(self, address: IPAddress) -> tuple[object, ...]:
         target = self._target
@@ -354,13 +328,7 @@ class NatsHandler:
         headers = {
             "Nats-Msg-Id": context.execution_id,
             "Content-Type": "application/json",
-            "X-Carillon-Execution-Id": context.execution_id,
-            "X-Carillon-Schedule-Id": context.schedule_id,
-            "X-Carillon-Tenant-Id": context.tenant_id,
-            "X-Carillon-Planned-At": format_utc(context.planned_at),
-            "X-Carillon-Attempt": str(context.attempt),
-            "X-Carillon-Fencing-Token": str(context.fencing_token),
-            **trace_headers(),  # the attempt's W3C trace context when tracing is on
+            **context_headers(context),
         }
         expected = self._stream
         timeout_s = self.timeout_s

@@ -45,7 +45,6 @@ check keep the host name).
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import math
 import re
 import ssl
@@ -71,14 +70,8 @@ from engine.handlers.base import (
     check_timeout_s,
     parse_settings,
 )
-from engine.handlers.brokers import BrokerBridge
-from engine.handlers.ssrf import (
-    AddressRefused,
-    IPAddress,
-    parse_allow_list,
-    resolve,
-    vet,
-)
+from engine.handlers.brokers import BrokerBridge, BrokerHost
+from engine.handlers.ssrf import IPAddress
 from engine.tracing import trace_headers
 
 __all__ = [
@@ -100,12 +93,10 @@ MAX_CONNECTIONS_DEFAULT: Final = 64
 MAX_CONNECTIONS_MAX: Final = 1024
 CONNECT_TIMEOUT_S: Final = 5.0
 """A connect's own bound (on the loop): every publish sharing the client waits for it."""
-DNS_CACHE_S: Final = 15.0
 STREAM_CHARS_MAX: Final = 256
 URL_CHARS_MAX: Final = 2048
 DB_MAX: Final = 1_000_000
 _STREAM: Final = re.compile(rf"^[!-~]{{1,{STREAM_CHARS_MAX}}}$")
-_ALLOW_FLAG: Final = "--broker-allow-cidrs"
 
 PUBLISH_SCRIPT: Final = """\
 local seen = redis.call('GET', KEYS[1])
@@ -316,14 +307,8 @@ class RedisHandler:
                 f"got {parsed.max_connections}"
             )
         self._max_connections = parsed.max_connections
-        self._allow = parse_allow_list(options.broker_allow_cidrs)
+        self._host = BrokerHost(self._target.host, self._target.port, options.broker_allow_cidrs)
         self._brokers = brokers
-        self._literal: IPAddress | None
-        try:
-            self._literal = ipaddress.ip_address(self._target.host)
-        except ValueError:
-            self._literal = None
-        self._resolved: tuple[float, list[IPAddress]] | None = None
 
     def __repr__(self) -> str:
         return f"RedisHandler(url={self._target.display!r}, stream={self._stream!r})"
@@ -345,14 +330,9 @@ class RedisHandler:
             return HandlerResult.unknown(
                 "setup_error", "the redis handler was built without the node's broker bridge"
             )
-        try:
-            address = (await self._addresses())[0]
-        except AddressRefused as refused:
-            return HandlerResult.permanent("ssrf_refused", str(refused))
-        except OSError as error:
-            return HandlerResult.transient(
-                "dns_error", f"could not resolve {self._target.host}: {error}"
-            )
+        address = await self._host.address()
+        if isinstance(address, HandlerResult):
+            return address
         try:
             await brokers.run(self._key(address), self._connector(address), self._op(context))
         except redis_errors.RedisError as error:
@@ -362,17 +342,6 @@ class RedisHandler:
                 "redis_connection_error", f"{self._target.display}: {type(error).__name__}"
             )
         return HandlerResult.succeeded()
-
-    async def _addresses(self) -> list[IPAddress]:
-        if self._literal is not None:
-            return vet(self._target.host, [self._literal], self._allow, **_WHO)
-        now = trio.current_time()
-        cached = self._resolved
-        if cached is None or cached[0] <= now:
-            addresses = await resolve(self._target.host, self._target.port)
-            cached = self._resolved = (now + DNS_CACHE_S, addresses)
-        # Vetted on every use, like a webhook's cached answer.
-        return vet(self._target.host, cached[1], self._allow, **_WHO)
 
     def _key(self, address: IPAddress) -> tuple[object, ...]:
         target = self._target
@@ -495,6 +464,3 @@ class RedisHandler:
                 return HandlerResult.permanent("redis_script_error", text)
             return HandlerResult.permanent("redis_error", text)
         return HandlerResult.unknown("redis_error", text)
-
-
-_WHO: Final = {"who": "Broker task types", "flag": _ALLOW_FLAG}

@@ -23,7 +23,7 @@ from engine.handlers.shell import ShellHandler
 from engine.handlers.webhook import WebhookHandler
 from engine.model import TaskType
 
-HANDLER_KINDS: Final = ("nats", "noop", "python", "redis", "shell", "webhook")
+HANDLER_KINDS: Final = ("nats", "noop", "python", "rabbitmq", "redis", "shell", "webhook")
 _EVERY_KIND: Final = HandlerOptions(enable_shell=True, enable_python=True)
 
 
@@ -110,4 +110,8 @@ def build_handler(
             brokers=brokers,
             task_type=task_type_name,
         )
+    if kind == "rabbitmq":
+        from engine.handlers.rabbitmq import RabbitmqHandler
+
+        return RabbitmqHandler(settings, options=options, brokers=brokers)
     raise InvalidField(f"unknown handler kind {kind!r}; choose one of {', '.join(HANDLER_KINDS)}")

@@ -500,6 +500,38 @@ async def test_a_broker_urls_credentials_are_never_returned_only_their_fingerpri
     assert "pw-Hunter2-x" not in caplog.text
 
 
+async def test_a_rabbitmq_task_types_url_and_credential_headers_are_write_only(
+    api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = "amqp://app:pw-Hunter2-x@10.0.0.5:5672/billing"
+    settings = {
+        "url": url,
+        "exchange": "ticks",
+        "routing_key": "report",
+        "headers": {"Authorization": "Bearer tok-Zz9", "team": "billing"},
+    }
+    body = {"kind": "rabbitmq", "settings": settings}
+    created = await api.client.put("/v1/task-types/ticks", json=body, headers=api.admin)
+    read = await api.client.get("/v1/task-types/ticks", headers=api.admin)
+    for answer in (created, read):
+        assert answer.status_code == 200, answer.text
+        assert "pw-Hunter2-x" not in answer.text
+        assert "tok-Zz9" not in answer.text
+    shown = read.json()["settings"]
+    assert shown["url"] == f"amqp://{fingerprint('app:pw-Hunter2-x')}@10.0.0.5:5672/billing"
+    assert shown["headers"] == {"Authorization": fingerprint("Bearer tok-Zz9"), "team": "billing"}
+    # Read, edited and written back, the URL and the header keep their secrets.
+    edited = {"kind": "rabbitmq", "settings": {**shown, "mandatory": False}}
+    written = await api.client.put("/v1/task-types/ticks", json=edited, headers=api.admin)
+    assert written.status_code == 200, written.text
+    stored = await api.ledger.task_types_get("ticks")
+    assert stored.settings == {**settings, "mandatory": False}
+    bad = {"kind": "rabbitmq", "settings": {**settings, "exchange": "no spaces"}}
+    refused = await api.client.put("/v1/task-types/ticks", json=bad, headers=api.admin)
+    assert "pw-Hunter2-x" not in assert_problem(refused, 422, "invalid-field")["detail"]
+    assert "pw-Hunter2-x" not in caplog.text
+
+
 async def test_a_task_type_read_edited_and_written_back_keeps_its_secret(api: Api) -> None:
     hook = {"kind": "webhook", "settings": {"url": "https://example.com/h", "secret": HOOK_SECRET}}
     await api.client.put("/v1/task-types/hook", json=hook, headers=api.admin)

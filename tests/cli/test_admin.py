@@ -116,6 +116,11 @@ async def test_task_type_kinds_store_their_settings_and_the_limits(api: Api, cli
          "--subject applies only to --kind nats"),
         (["set", "x", "--kind", "nats", "--url", "nats://h", "--subject", "a.*"], "wildcards"),
         (["set", "x", "--kind", "redis", "--url", "redis://10.0.0.5/0"], "stream"),
+        (["set", "x", "--kind", "nats", "--url", "nats://h", "--subject", "s", "--exchange", "x"],
+         "--exchange applies only to --kind rabbitmq"),
+        (["set", "x", "--kind", "rabbitmq", "--url", "amqp://h", "--exchange", "a b",
+          "--routing-key", "k"], "exchange must be 0-255 letters"),
+        (["set", "x", "--kind", "rabbitmq", "--url", "amqp://h"], "routing_key"),
         (["set", "x", "--kind", "redis", "--url", "redis://10.0.0.5/0", "--stream", "s",
           "--dedup-ttl", "60", "--max-attempts", "3"],
          "less than this task type's worst retry horizon"),
@@ -169,6 +174,37 @@ async def test_a_nats_task_type_is_set_with_its_subject_and_expected_stream(
         HandlerKind.NATS,
         {"url": "nats://tok-3n@10.0.0.5:4222", "subject": "ticks.report", "stream": "TICKS"},
     )
+
+
+async def test_a_rabbitmq_task_type_is_set_and_its_credentials_never_printed(
+    api: Api, cli: Cli
+) -> None:
+    url = "amqp://app:pw-Hunter2@10.0.0.5:5672/billing"
+    result = await cli(
+        "task-type", "set", "ticks", "--kind", "rabbitmq", "--url", url, "--exchange", "ticks",
+        "--routing-key", "report.daily", "--no-mandatory", "--header", "Authorization=Bearer-zz9",
+        "--header", "team=billing",
+    )  # fmt: skip
+    assert (result.code, result.err) == (0, "")
+    stored = await api.ledger.task_types_get("ticks")
+    assert (stored.kind, stored.settings) == (
+        HandlerKind.RABBITMQ,
+        {
+            "url": url,
+            "exchange": "ticks",
+            "routing_key": "report.daily",
+            "mandatory": False,
+            "headers": {"Authorization": "Bearer-zz9", "team": "billing"},
+        },
+    )
+    for command in (["list"], ["list", "-o", "json"], ["show", "ticks", "-o", "json"]):
+        shown = await cli("task-type", *command)
+        assert shown.code == 0
+        assert "pw-Hunter2" not in shown.out
+        assert "Bearer-zz9" not in shown.out
+    shown = await cli("task-type", "show", "ticks", "-o", "json")
+    assert f"amqp://{fingerprint('app:pw-Hunter2')}@10.0.0.5:5672/billing" in shown.out
+    assert "billing" in shown.out
 
 
 async def test_task_type_owner_and_grants_decide_which_tenants_may_use_it(

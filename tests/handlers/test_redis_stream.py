@@ -261,7 +261,7 @@ async def test_a_timeout_cancels_the_publish_on_the_loop_and_keeps_no_connection
     stuck = await publisher.run(make_context())
 
     assert (stuck.kind, stuck.error_code) == (OutcomeKind.TRANSIENT, "timeout")
-    key = publisher._key(publisher._literal)  # type: ignore[arg-type]
+    key = publisher._key((await publisher._host.addresses())[0])
     assert await brokers.run(key, _never_connects, connections_in_use) == 0
     assert brokers.statistics().in_use == 0
     # Once the broker answers again the retry gets through, and the execution is there once.
