@@ -45,7 +45,7 @@ import ipaddress
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable
 from contextlib import asynccontextmanager
-from typing import Final, Protocol, TypeVar, cast
+from typing import Any, Final, Protocol, TypeVar, cast
 
 import msgspec
 import trio
@@ -358,3 +358,59 @@ def context_headers(context: ExecutionContext) -> dict[str, str]:
         "X-Carillon-Fencing-Token": str(context.fencing_token),
         **trace_headers(),
     }
+
+
+class BrokerPublisher:
+    """What every broker kind's handler does around its own publish: the attempt's timeout,
+    the node's bridge, the vetted address, and its failures classified. A kind supplies
+    its pool key, its connect coroutine and its publish (run on the bridge's loop), what a
+    timeout says, and how its client's errors classify (:meth:`_failure`)."""
+
+    kind: str
+    timeout_s: float
+    _brokers: BrokerBridge | None
+    _host: BrokerHost
+
+    async def run(self, context: ExecutionContext) -> HandlerResult:
+        with trio.move_on_after(self.timeout_s):
+            return await self._publish(context)
+        return HandlerResult.transient("timeout", self._timed_out())
+
+    async def _publish(self, context: ExecutionContext) -> HandlerResult:
+        brokers = self._brokers
+        if brokers is None:
+            return HandlerResult.unknown(
+                "setup_error", f"the {self.kind} handler was built without the node's broker bridge"
+            )
+        address = await self._host.address()
+        if isinstance(address, HandlerResult):
+            return address
+        try:
+            await brokers.run(self._key(address), self._connector(address), self._op(context))
+        except Exception as error:
+            failure = self._failure(error)
+            if failure is None:
+                raise
+            return failure
+        return HandlerResult.succeeded()
+
+    def _timed_out(self) -> str:
+        """The message of an attempt whose publish outlived its timeout."""
+        raise NotImplementedError
+
+    def _key(self, address: IPAddress) -> Hashable:
+        """The bridge's pool key: the vetted settings and ``address``."""
+        raise NotImplementedError
+
+    def _connector(self, address: IPAddress) -> Any:
+        """The coroutine that connects a client to ``address`` (on the bridge's loop)."""
+        raise NotImplementedError
+
+    def _op(self, context: ExecutionContext) -> Any:
+        """The publish of ``context`` with a connected client (on the bridge's loop)."""
+        raise NotImplementedError
+
+    def _failure(self, error: Exception) -> HandlerResult | None:
+        """The attempt's result for a failed publish, or None for an error that is not the
+        broker's (a bug: it propagates to the handler wall)."""
+        raise NotImplementedError

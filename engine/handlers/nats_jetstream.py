@@ -51,7 +51,6 @@ import msgspec
 import nats
 import nats.errors
 import nats.js.errors
-import trio
 from nats.aio.client import Client as NatsClient
 from nats.aio.client import Server
 from nats.js import JetStreamContext
@@ -65,7 +64,7 @@ from engine.handlers.base import (
     check_timeout_s,
     parse_settings,
 )
-from engine.handlers.brokers import BrokerBridge, BrokerHost, context_headers
+from engine.handlers.brokers import BrokerBridge, BrokerHost, BrokerPublisher, context_headers
 from engine.handlers.ssrf import IPAddress
 from engine.handlers.webhook import request_body
 
@@ -171,9 +170,11 @@ class _Client:
         await self.nc.close()
 
 
-class NatsHandler:
+class NatsHandler(BrokerPublisher):
     """Publishes each attempt to one subject; build it with
     :func:`engine.handlers.build_handler`."""
+
+    kind = "nats"
 
     def __init__(
         self,
@@ -204,33 +205,20 @@ class NatsHandler:
     def __repr__(self) -> str:
         return f"NatsHandler(url={self._target.display!r}, subject={self._subject!r})"
 
-    async def run(self, context: ExecutionContext) -> HandlerResult:
-        with trio.move_on_after(self.timeout_s):
-            return await self._publish(context)
-        return HandlerResult.transient(
-            "timeout",
+    def _timed_out(self) -> str:
+        return (
             f"publish to {self._subject!r} on {self._target.display}: no acknowledgement "
-            f"within {self.timeout_s:g} s",
+            f"within {self.timeout_s:g} s"
         )
 
-    async def _publish(self, context: ExecutionContext) -> HandlerResult:
-        brokers = self._brokers
-        if brokers is None:
-            return HandlerResult.unknown(
-                "setup_error", "the nats handler was built without the node's broker bridge"
-            )
-        address = await self._host.address()
-        if isinstance(address, HandlerResult):
-            return address
-        try:
-            await brokers.run(self._key(address), self._connector(address), self._op(context))
-        except nats.errors.Error as error:
+    def _failure(self, error: Exception) -> HandlerResult | None:
+        if isinstance(error, nats.errors.Error):
             return self._classify(error)
-        except OSError as error:
+        if isinstance(error, OSError):
             return HandlerResult.transient(
                 "nats_connection_error", f"{self._target.display}: {type(error).__name__}"
             )
-        return HandlerResult.succeeded()
+        return None
 
     async def _check_window(self, client: _Client, stream: str) -> None:
         """On the loop, beside the publish that started it: read the stream's duplicate

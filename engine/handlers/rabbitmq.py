@@ -64,7 +64,6 @@ import aiormq.connection
 import aiormq.exceptions
 import msgspec
 import pamqp.exceptions
-import trio
 from pamqp import commands as spec
 from yarl import URL
 
@@ -77,7 +76,7 @@ from engine.handlers.base import (
     check_timeout_s,
     parse_settings,
 )
-from engine.handlers.brokers import BrokerBridge, BrokerHost, context_headers
+from engine.handlers.brokers import BrokerBridge, BrokerHost, BrokerPublisher, context_headers
 from engine.handlers.ssrf import IPAddress
 from engine.handlers.webhook import request_body
 
@@ -365,9 +364,11 @@ async def connection_name(client: _Client) -> str:
     return client.name
 
 
-class RabbitmqHandler:
+class RabbitmqHandler(BrokerPublisher):
     """Publishes each attempt to one exchange with one routing key; build it with
     :func:`engine.handlers.build_handler`."""
+
+    kind = "rabbitmq"
 
     def __init__(
         self,
@@ -401,34 +402,22 @@ class RabbitmqHandler:
         exchange = repr(self._exchange) if self._exchange else "the default exchange"
         return f"{self._target.display} {exchange} routing key {self._routing_key!r}"
 
-    async def run(self, context: ExecutionContext) -> HandlerResult:
-        with trio.move_on_after(self.timeout_s):
-            return await self._publish(context)
-        return HandlerResult.transient(
-            "timeout", f"publish to {self._where}: no confirm within {self.timeout_s:g} s"
-        )
+    def _timed_out(self) -> str:
+        return f"publish to {self._where}: no confirm within {self.timeout_s:g} s"
 
-    async def _publish(self, context: ExecutionContext) -> HandlerResult:
-        brokers = self._brokers
-        if brokers is None:
-            return HandlerResult.unknown(
-                "setup_error", "the rabbitmq handler was built without the node's broker bridge"
-            )
-        address = await self._host.address()
-        if isinstance(address, HandlerResult):
-            return address
-        try:
-            await brokers.run(self._key(address), self._connector(address), self._op(context))
-        except (aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError) as error:
+    def _failure(self, error: Exception) -> HandlerResult | None:
+        if isinstance(
+            error, aiormq.exceptions.AMQPError | aiormq.exceptions.ChannelInvalidStateError
+        ):
             return self._classify(error)
-        except pamqp.exceptions.AMQPInternalError as error:
+        if isinstance(error, pamqp.exceptions.AMQPInternalError):
             # The broker closed the connection while it opened (a vhost the user may not
             # use: 530 NOT_ALLOWED): the client reports the close frame as unexpected.
             return self._refused_open(error)
-        except (OSError, TimeoutError) as error:
+        if isinstance(error, OSError | TimeoutError):
             code = "timeout" if isinstance(error, TimeoutError) else "rabbitmq_connection_error"
             return HandlerResult.transient(code, f"{self._where}: {type(error).__name__}")
-        return HandlerResult.succeeded()
+        return None
 
     def _key(self, address: IPAddress) -> tuple[object, ...]:
         target = self._target

@@ -53,7 +53,6 @@ from typing import Any, Final, cast
 from urllib.parse import unquote, urlsplit
 
 import msgspec
-import trio
 from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.connection import Connection, SSLConnection
@@ -70,7 +69,7 @@ from engine.handlers.base import (
     check_timeout_s,
     parse_settings,
 )
-from engine.handlers.brokers import BrokerBridge, BrokerHost
+from engine.handlers.brokers import BrokerBridge, BrokerHost, BrokerPublisher
 from engine.handlers.ssrf import IPAddress
 from engine.tracing import trace_headers
 
@@ -277,9 +276,11 @@ async def connections_in_use(client: _Client) -> int:
     return client.in_use()
 
 
-class RedisHandler:
+class RedisHandler(BrokerPublisher):
     """Appends each execution to one stream once; build it with
     :func:`engine.handlers.build_handler`."""
+
+    kind = "redis"
 
     def __init__(
         self,
@@ -315,33 +316,20 @@ class RedisHandler:
 
     # -- the attempt ----------------------------------------------------------------------
 
-    async def run(self, context: ExecutionContext) -> HandlerResult:
-        with trio.move_on_after(self.timeout_s):
-            return await self._publish(context)
-        return HandlerResult.transient(
-            "timeout",
+    def _timed_out(self) -> str:
+        return (
             f"XADD to {self._stream!r} on {self._target.display}: no answer within "
-            f"{self.timeout_s:g} s",
+            f"{self.timeout_s:g} s"
         )
 
-    async def _publish(self, context: ExecutionContext) -> HandlerResult:
-        brokers = self._brokers
-        if brokers is None:
-            return HandlerResult.unknown(
-                "setup_error", "the redis handler was built without the node's broker bridge"
-            )
-        address = await self._host.address()
-        if isinstance(address, HandlerResult):
-            return address
-        try:
-            await brokers.run(self._key(address), self._connector(address), self._op(context))
-        except redis_errors.RedisError as error:
+    def _failure(self, error: Exception) -> HandlerResult | None:
+        if isinstance(error, redis_errors.RedisError):
             return self._classify(error)
-        except OSError as error:
+        if isinstance(error, OSError):
             return HandlerResult.transient(
                 "redis_connection_error", f"{self._target.display}: {type(error).__name__}"
             )
-        return HandlerResult.succeeded()
+        return None
 
     def _key(self, address: IPAddress) -> tuple[object, ...]:
         target = self._target

@@ -40,6 +40,7 @@ NOT_FOR_ACTORS = frozenset(
 TEXT_SETTINGS: dict[str, str] = {
     "region": "eu-west",
     "webhook_allow_cidrs": "10.0.0.0/8",
+    "broker_allow_cidrs": "10.0.0.0/8",
     "python_modules": "billing.jobs",
 }
 
