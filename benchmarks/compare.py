@@ -22,9 +22,10 @@ than a change of a few microseconds an execution. Instructions do not: each revi
 runs under ``valgrind --tool=cachegrind`` at SMALL and at LARGE schedules, and the instructions
 the node process (node, bridge, the benchmark's own setup and poller) executed per execution is
 the difference of the two counts over the difference of the sizes -- the set-up both runs share
-(imports, database creation, the node's start) cancels out. One round by default: the count
-is exact, though a run's batching still depends a little on timing (a second round shows how
-much: about 2 % between runs of one revision here, against 10-20 % for timing rounds).
+(imports, database creation, the node's start) cancels out. One round by default: a run's
+batching still depends on timing, so the count is steady only on a machine that is otherwise
+idle (about 2 % between runs of one revision here); while other work loaded the machine, the
+same revision counted from 727k to 890k and unchanged revisions scattered by 20 % (2026-12-03).
 PostgreSQL's instructions are not counted (its processes are not under valgrind), nor is the
 kernel's work for the node's system calls.
 """
@@ -264,8 +265,9 @@ def report_instructions(comparison: Comparison, *, sizes: tuple[int, int], worke
         f"{sizes[0]:,} and {sizes[1]:,} schedules: instructions of the node process per "
         "execution = the difference of the two counts over the difference of the sizes "
         "(PostgreSQL and the kernel not counted). A count varies by about 2 % between runs of "
-        "one revision (a burst's batching still depends on timing), against 10-20 % for "
-        f"timing rounds on a shared machine; lower is better, and the ratio is to {first}.",
+        "one revision on an otherwise idle machine, and by up to 20 % while other work loads "
+        "it (a burst's batching depends on timing); lower is better, and the ratio is to "
+        f"{first}.",
         "",
         f"| revision | instructions per execution by round | median | vs {first} |",
         "|---|---|---:|---:|",
