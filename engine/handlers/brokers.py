@@ -46,13 +46,16 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, Final, Protocol, TypeVar, cast
+from urllib.parse import SplitResult, urlsplit
 
 import msgspec
 import trio
 
 from engine.core.instants import format_utc
+from engine.errors import InvalidField
 from engine.handlers.base import ExecutionContext, HandlerResult
 from engine.handlers.ssrf import AddressRefused, IPAddress, parse_allow_list, resolve, vet
+from engine.handlers.webhook import URL_CHARS_MAX
 from engine.ledger.bridge import BRIDGE_SHUTDOWN_TIMEOUT_S, DatabaseBridge, start_bridge
 from engine.tracing import trace_headers
 
@@ -414,3 +417,32 @@ class BrokerPublisher:
         """The attempt's result for a failed publish, or None for an error that is not the
         broker's (a bug: it propagates to the handler wall)."""
         raise NotImplementedError
+
+
+def split_broker_url(
+    kind: str, text: object, schemes: tuple[str, str], said: str
+) -> tuple[SplitResult, str]:
+    """``text`` split as a URL of one of ``schemes`` (plain, then TLS; ``said``: how a refusal
+    names them) with a host and a valid port, and that host; :class:`InvalidField` saying
+    what is wrong, never repeating the URL (it may carry credentials). What the path and the
+    query may hold is each kind's own check."""
+    if not isinstance(text, str) or len(text) > URL_CHARS_MAX:
+        raise InvalidField(f"{kind} handler: url must be a string of at most {URL_CHARS_MAX} chars")
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 -- raises ValueError for a port out of range
+    except ValueError as error:
+        raise InvalidField(f"{kind} handler: url is not a valid URL ({error})") from None
+    if parts.scheme not in schemes:
+        raise InvalidField(
+            f"{kind} handler: url must start with {said}, "
+            f"got {parts.scheme + '://' if parts.scheme else 'no scheme'}"
+        )
+    if not parts.hostname:
+        raise InvalidField(f"{kind} handler: url names no host")
+    return parts, parts.hostname
+
+
+def bracketed(host: str) -> str:
+    """``host`` as a URL shows it: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host else host

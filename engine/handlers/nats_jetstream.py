@@ -45,7 +45,7 @@ import re
 import ssl
 from collections.abc import Mapping
 from typing import Any, Final
-from urllib.parse import ParseResult, unquote, urlparse, urlsplit
+from urllib.parse import ParseResult, unquote, urlparse
 
 import msgspec
 import nats
@@ -64,7 +64,14 @@ from engine.handlers.base import (
     check_timeout_s,
     parse_settings,
 )
-from engine.handlers.brokers import BrokerBridge, BrokerHost, BrokerPublisher, context_headers
+from engine.handlers.brokers import (
+    BrokerBridge,
+    BrokerHost,
+    BrokerPublisher,
+    bracketed,
+    context_headers,
+    split_broker_url,
+)
 from engine.handlers.ssrf import IPAddress
 from engine.handlers.webhook import request_body
 
@@ -72,7 +79,6 @@ __all__ = ["NatsHandler", "NatsSettings", "NatsTarget", "parse_nats_url"]
 
 log = logging.getLogger("carillon.brokers")
 
-URL_CHARS_MAX: Final = 2048
 SUBJECT_CHARS_MAX: Final = 256
 CONNECT_TIMEOUT_S: Final = 5
 RECONNECT_WAIT_S: Final = 0.25
@@ -102,34 +108,22 @@ class NatsTarget(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def display(self) -> str:
         """The URL without its credentials: what error messages and logs show."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        host = bracketed(self.host)
         return f"{'tls' if self.tls else 'nats'}://{host}:{self.port}"
 
 
 def parse_nats_url(text: str) -> NatsTarget:
     """``text`` as a NATS URL; :class:`InvalidField` saying what is wrong (never the URL,
     which may carry credentials)."""
-    if not isinstance(text, str) or len(text) > URL_CHARS_MAX:
-        raise InvalidField(f"nats handler: url must be a string of at most {URL_CHARS_MAX} chars")
-    try:
-        parts = urlsplit(text)
-        port = parts.port
-    except ValueError as error:
-        raise InvalidField(f"nats handler: url is not a valid URL ({error})") from None
-    if parts.scheme not in ("nats", "tls"):
-        raise InvalidField(
-            "nats handler: url must start with nats:// or tls://, "
-            f"got {parts.scheme + '://' if parts.scheme else 'no scheme'}"
-        )
-    if not parts.hostname:
-        raise InvalidField("nats handler: url names no host")
+    parts, host = split_broker_url("nats", text, ("nats", "tls"), "nats:// or tls://")
+    port = parts.port
     if parts.path.strip("/") or parts.query or parts.fragment:
         raise InvalidField("nats handler: url must be only nats://[credentials@]host[:port]")
     user = unquote(parts.username) if parts.username else None
     password = unquote(parts.password) if parts.password is not None else None
     return NatsTarget(
         tls=parts.scheme == "tls",
-        host=parts.hostname,
+        host=host,
         port=port or 4222,
         user=user if password is not None else None,
         password=password,

@@ -55,7 +55,7 @@ import secrets
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 import aio_pika
 import aio_pika.abc
@@ -76,7 +76,14 @@ from engine.handlers.base import (
     check_timeout_s,
     parse_settings,
 )
-from engine.handlers.brokers import BrokerBridge, BrokerHost, BrokerPublisher, context_headers
+from engine.handlers.brokers import (
+    BrokerBridge,
+    BrokerHost,
+    BrokerPublisher,
+    bracketed,
+    context_headers,
+    split_broker_url,
+)
 from engine.handlers.ssrf import IPAddress
 from engine.handlers.webhook import request_body
 
@@ -89,7 +96,6 @@ __all__ = [
     "parse_rabbitmq_url",
 ]
 
-URL_CHARS_MAX: Final = 2048
 NAME_BYTES_MAX: Final = 255
 """AMQP's short strings: exchange names and routing keys."""
 HEADERS_MAX: Final = 32
@@ -127,7 +133,7 @@ class RabbitmqTarget(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def display(self) -> str:
         """The URL without its credentials: what error messages and logs show."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        host = bracketed(self.host)
         vhost = "" if self.vhost == "/" else self.vhost
         return f"{'amqps' if self.tls else 'amqp'}://{host}:{self.port}/{vhost}"
 
@@ -135,22 +141,8 @@ class RabbitmqTarget(msgspec.Struct, frozen=True, kw_only=True):
 def parse_rabbitmq_url(text: str) -> RabbitmqTarget:
     """``text`` as an AMQP URL; :class:`InvalidField` saying what is wrong (never the URL,
     which may carry credentials)."""
-    if not isinstance(text, str) or len(text) > URL_CHARS_MAX:
-        raise InvalidField(
-            f"rabbitmq handler: url must be a string of at most {URL_CHARS_MAX} chars"
-        )
-    try:
-        parts = urlsplit(text)
-        port = parts.port
-    except ValueError as error:
-        raise InvalidField(f"rabbitmq handler: url is not a valid URL ({error})") from None
-    if parts.scheme not in ("amqp", "amqps"):
-        raise InvalidField(
-            "rabbitmq handler: url must start with amqp:// or amqps:// (TLS), "
-            f"got {parts.scheme + '://' if parts.scheme else 'no scheme'}"
-        )
-    if not parts.hostname:
-        raise InvalidField("rabbitmq handler: url names no host")
+    parts, host = split_broker_url("rabbitmq", text, ("amqp", "amqps"), "amqp:// or amqps:// (TLS)")
+    port = parts.port
     if parts.query or parts.fragment:
         raise InvalidField(
             "rabbitmq handler: url must not have a query or fragment (TLS is the scheme "
@@ -167,7 +159,7 @@ def parse_rabbitmq_url(text: str) -> RabbitmqTarget:
         raise InvalidField(f"rabbitmq handler: the virtual host is over {NAME_BYTES_MAX} bytes")
     return RabbitmqTarget(
         tls=parts.scheme == "amqps",
-        host=parts.hostname,
+        host=host,
         port=port or (5671 if parts.scheme == "amqps" else 5672),
         vhost=vhost,
         user=unquote(parts.username) if parts.username else None,

@@ -50,7 +50,7 @@ import re
 import ssl
 from collections.abc import Awaitable, Mapping
 from typing import Any, Final, cast
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 import msgspec
 from redis import exceptions as redis_errors
@@ -69,7 +69,13 @@ from engine.handlers.base import (
     check_timeout_s,
     parse_settings,
 )
-from engine.handlers.brokers import BrokerBridge, BrokerHost, BrokerPublisher
+from engine.handlers.brokers import (
+    BrokerBridge,
+    BrokerHost,
+    BrokerPublisher,
+    bracketed,
+    split_broker_url,
+)
 from engine.handlers.ssrf import IPAddress
 from engine.tracing import trace_headers
 
@@ -93,7 +99,6 @@ MAX_CONNECTIONS_MAX: Final = 1024
 CONNECT_TIMEOUT_S: Final = 5.0
 """A connect's own bound (on the loop): every publish sharing the client waits for it."""
 STREAM_CHARS_MAX: Final = 256
-URL_CHARS_MAX: Final = 2048
 DB_MAX: Final = 1_000_000
 _STREAM: Final = re.compile(rf"^[!-~]{{1,{STREAM_CHARS_MAX}}}$")
 
@@ -142,7 +147,7 @@ class RedisTarget(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def display(self) -> str:
         """The URL without its credentials: what error messages and logs show."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        host = bracketed(self.host)
         return f"{'rediss' if self.tls else 'redis'}://{host}:{self.port}/{self.db}"
 
 
@@ -151,20 +156,10 @@ def parse_redis_url(text: str) -> RedisTarget:
 
     The messages never repeat the URL: it may carry a password.
     """
-    if not isinstance(text, str) or len(text) > URL_CHARS_MAX:
-        raise InvalidField(f"redis handler: url must be a string of at most {URL_CHARS_MAX} chars")
-    try:
-        parts = urlsplit(text)
-        port = parts.port
-    except ValueError as error:
-        raise InvalidField(f"redis handler: url is not a valid URL ({error})") from None
-    if parts.scheme not in ("redis", "rediss"):
-        raise InvalidField(
-            "redis handler: url must start with redis:// or rediss:// (TLS), "
-            f"got {parts.scheme + '://' if parts.scheme else 'no scheme'}"
-        )
-    if not parts.hostname:
-        raise InvalidField("redis handler: url names no host")
+    parts, host = split_broker_url(
+        "redis", text, ("redis", "rediss"), "redis:// or rediss:// (TLS)"
+    )
+    port = parts.port
     if parts.query or parts.fragment:
         raise InvalidField(
             "redis handler: url must not have a query or fragment (TLS is the scheme rediss://, "
@@ -175,7 +170,7 @@ def parse_redis_url(text: str) -> RedisTarget:
         raise InvalidField("redis handler: the url's path must be a database number, like /0")
     return RedisTarget(
         tls=parts.scheme == "rediss",
-        host=parts.hostname,
+        host=host,
         port=port or 6379,
         db=int(path) if path else 0,
         username=unquote(parts.username) if parts.username else None,
