@@ -269,6 +269,7 @@ class Node:
             ),
             metrics_protected=config.metrics_protected,
             slo_target_s=config.slo_target_s,
+            handler_options=self._configs.handlers,
             console=ConsoleSettings(
                 insecure_cookie=config.console_insecure_cookie,
                 session_idle_s=config.console_session_idle_s,

@@ -44,9 +44,14 @@ from engine.api.endpoint import (
 from engine.api.schemas import Health
 from engine.config import SLO_TARGET_S_DEFAULT
 from engine.errors import CarillonError
+from engine.handlers.base import HandlerOptions
+from engine.handlers.brokers import BrokerBridge
 from engine.ledger.base import Ledger
 
 READY_PROBE_TIMEOUT_S: Final = 2.0
+BROKER_LOOKUP_TIMEOUT_S: Final = 2.0
+"""The longest a task-type write waits on a look at its broker (a warning says if it ran
+out)."""
 SCHEDULE_ID_PREFIX: Final = "sch_"
 ANONYMOUS_RATE_PER_S: Final = 5.0
 ANONYMOUS_BURST: Final = 20
@@ -81,6 +86,14 @@ class ApiContext:
     """The start SLO the console's overview judges first attempts by (the node's own)."""
     console: ConsoleSettings = field(default_factory=ConsoleSettings)
     """How the console's sessions are served (cookies, expiry, trusted proxies)."""
+    brokers: BrokerBridge | None = None
+    """The broker bridge through which a task-type write looks at its broker (a ``nats``
+    stream's duplicate window); the API server opens one while it runs, if none is given.
+    ``None``: writes do not look, and their answers say so."""
+    handler_options: HandlerOptions = field(default_factory=HandlerOptions)
+    """The node's handler policy: a look at a broker goes only where a publish may
+    (``--broker-allow-cidrs``)."""
+    broker_lookup_timeout_s: float = BROKER_LOOKUP_TIMEOUT_S
 
 
 async def healthz(call: Call) -> Reply:

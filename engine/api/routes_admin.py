@@ -25,6 +25,7 @@ from engine.api.schemas import (
     RegionView,
     SecretRotation,
     TaskTypeSpec,
+    TaskTypeWritten,
     TenantSpec,
     TenantView,
 )
@@ -32,7 +33,7 @@ from engine.core import redaction
 from engine.core.instants import format_utc
 from engine.core.load_forecast import Group, LoadForecast, forecast
 from engine.errors import NotFound
-from engine.handlers.registry import check_settings, retry_horizon_of
+from engine.handlers.registry import check_settings, retry_horizon_of, settings_warnings
 from engine.ledger.params import (
     RegionFailover,
     ScheduleGroup,
@@ -81,7 +82,17 @@ async def put_task_type(call: Call) -> Reply:
         )
         task_type = msgspec.structs.replace(task_type, settings=settings)
         expected = None if current is None else current.version
-    return Reply(_shown(await _put_checked(call, task_type, expected)))
+    stored = await _put_checked(call, task_type, expected)
+    # Once stored, and never failing the write: what the writer should know about the
+    # broker the settings name (a nats stream's duplicate window), looked up now, bounded.
+    warnings = await settings_warnings(
+        stored,
+        brokers=call.api.brokers,
+        options=call.api.handler_options,
+        timeout_s=call.api.broker_lookup_timeout_s,
+    )
+    shown = msgspec.structs.asdict(_shown(stored))
+    return Reply(TaskTypeWritten(**shown, warnings=warnings))
 
 
 async def _put_checked(call: Call, task_type: TaskType, expected: int | None) -> TaskType:
@@ -307,7 +318,7 @@ ENDPOINTS: Final = (
         "Create or replace a task type",
         access=_ADMIN,
         body=TaskTypeSpec,
-        response=TaskType,
+        response=TaskTypeWritten,
         tag="admin",
     ),
     Endpoint(

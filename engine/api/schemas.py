@@ -17,6 +17,7 @@ from msgspec import UNSET, Meta, UnsetType
 
 from engine.core.cron import MAX_EXPRESSION_LENGTH
 from engine.core.dst import DstGap, DstOverlap
+from engine.handlers.base import SettingsWarning
 from engine.ledger.params import BATCH_ROWS_MAX
 from engine.model import (
     BACKOFF_BASE_S_DEFAULT,
@@ -41,6 +42,7 @@ from engine.model import (
     CatchUpPolicy,
     HandlerKind,
     OverlapPolicy,
+    TaskType,
     validate_reason,
 )
 
@@ -300,6 +302,17 @@ class TaskTypeSpec(_In, frozen=True):
     allowed_tenants: tuple[str, ...] | None = None
     """A shared task type's tenants (``"*"``: all; not for python and shell); not given: the
     default tenant only."""
+
+
+class TaskTypeWritten(TaskType, frozen=True, kw_only=True):
+    """The answer to ``PUT /v1/task-types/{name}``: the task type as stored (secrets as
+    fingerprints), and what its writer should know about it."""
+
+    warnings: list[SettingsWarning] = msgspec.field(default_factory=list)
+    """Conditions outside Carillon that weaken what the task type's kind promises, found
+    when it was written (a ``nats`` stream's duplicate window shorter than the retry
+    horizon: ``nats_duplicate_window_short``; or unreadable: ``nats_stream_unchecked``).
+    The task type is stored all the same; empty for every kind that looks at nothing."""
 
 
 ROTATION_OVERLAP_S_MAX: Final = 30 * 86400.0

@@ -1,7 +1,9 @@
 """The API server actor: hypercorn's trio worker serving the app inside the node's trio loop.
 
 It runs under the node's supervisor like any actor: ``run`` binds the socket, reports the
-bound addresses through ``task_status.started()`` and serves until cancelled. On shutdown it
+bound addresses through ``task_status.started()`` and serves until cancelled. It owns the
+broker bridge through which task-type writes look at the broker they name (a ``nats``
+stream's duplicate window), apart from the pipeline's. On shutdown it
 first marks the node not ready (``/readyz`` answers 503, so the load balancer stops sending
 new requests), then lets hypercorn finish in-flight requests for at most
 ``shutdown_grace_s``.
@@ -19,6 +21,7 @@ from hypercorn.trio import serve
 
 from engine.api.app import ApiConfig, ApiContext, create_app
 from engine.errors import ConfigError
+from engine.handlers.brokers import open_broker_bridge
 
 log = logging.getLogger("carillon.api")
 
@@ -36,6 +39,20 @@ class ApiServer:
         self.bound: list[str] = []
 
     async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+        if self.context.brokers is not None:
+            await self._serve(task_status)
+            return
+        # The bridge task-type writes look at brokers through (its thread starts with the
+        # first look: a node whose writes name no nats stream runs none), closed with this
+        # actor, so a restarted API server starts with a fresh one.
+        async with open_broker_bridge() as brokers:
+            self.context.brokers = brokers
+            try:
+                await self._serve(task_status)
+            finally:
+                self.context.brokers = None
+
+    async def _serve(self, task_status: trio.TaskStatus[Any]) -> None:
         stop = trio.Event()
         config = Config()
         config.bind = [self.config.bind]

@@ -117,6 +117,17 @@ def bound_message(message: str) -> str:
     return message[: ERROR_MESSAGE_CHARS_MAX - 1] + "…"
 
 
+class SettingsWarning(msgspec.Struct, frozen=True):
+    """Something about a task type's settings that does not stop it from being stored but
+    that its writer should know: a condition outside Carillon (a broker's configuration)
+    that weakens what the kind promises. The answer to a task-type write carries them."""
+
+    code: str
+    """A short machine code, such as ``nats_duplicate_window_short``."""
+    message: str
+    """For people: what was found, what it costs, and how to fix it."""
+
+
 class ExecutionContext(msgspec.Struct, frozen=True, kw_only=True):
     """What a handler knows about the attempt it runs.
 

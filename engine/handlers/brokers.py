@@ -176,6 +176,17 @@ class BrokerBridge:
         its own time (a connect timeout): publishes that share it wait for it. Raises
         :class:`RuntimeError` once the bridge is closed.
         """
+        return await self._started().call(self._run, key, connect, op)
+
+    async def run_unpooled(self, op: Callable[[], Awaitable[T]]) -> T:
+        """``await op()`` on the loop thread, outside the pool: for a one-off exchange (a
+        look at a broker when a task type is written) that makes and closes its own
+        connection, so no client lingers after it. Exceptions and cancellation as
+        :meth:`run`; :class:`RuntimeError` once the bridge is closed."""
+        return await self._started().call(op)
+
+    def _started(self) -> DatabaseBridge:
+        """The loop thread, started now if it is not yet."""
         if self._closed:
             raise RuntimeError("the broker bridge is closed")
         bridge = self._bridge
@@ -183,7 +194,7 @@ class BrokerBridge:
             bridge = self._bridge = start_bridge(
                 thread_name=self._thread_name, shutdown_timeout_s=self._shutdown_timeout_s
             )
-        return await bridge.call(self._run, key, connect, op)
+        return bridge
 
     async def aclose(self) -> None:
         """Close every client, then the loop thread. Idempotent; shielded from cancellation."""

@@ -10,9 +10,12 @@ drops a message whose id it has seen within the stream's ``duplicate_window`` (2
 default) and acknowledges it as a duplicate, which is a success here. A retry or redelivery
 *after* the window is stored again: a second message with the same ``Nats-Msg-Id`` (and
 ``X-Carillon-Execution-Id``), for consumers to drop. So the window should cover the task
-type's worst retry horizon; the node checks the stream's window at the first publish of
-each task type version (beside it: the publish does not wait) and logs a warning when it is
-shorter, or cannot be read (``docs/targets.md``).
+type's worst retry horizon. That is checked twice, by one comparison (:func:`window_short`):
+when the task type is written through the API, which looks the stream up (bounded, off the
+publish path, :meth:`NatsHandler.window_warnings`) and answers a warning the writer sees;
+and at the first publish of each task type version (beside it: the publish does not wait),
+which logs the same warning -- the backstop for a stream changed after the write
+(``docs/targets.md``).
 
 The message is the webhook's JSON body (the context and the payload); its headers carry the
 context too: ``X-Carillon-Execution-Id``, ``-Schedule-Id``, ``-Tenant-Id``, ``-Planned-At``,
@@ -41,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import re
 import ssl
 from collections.abc import Mapping
@@ -51,6 +55,7 @@ import msgspec
 import nats
 import nats.errors
 import nats.js.errors
+import trio
 from nats.aio.client import Client as NatsClient
 from nats.aio.client import Server
 from nats.js import JetStreamContext
@@ -61,6 +66,7 @@ from engine.handlers.base import (
     ExecutionContext,
     HandlerOptions,
     HandlerResult,
+    SettingsWarning,
     check_timeout_s,
     parse_settings,
 )
@@ -75,7 +81,16 @@ from engine.handlers.brokers import (
 from engine.handlers.ssrf import IPAddress
 from engine.handlers.webhook import request_body
 
-__all__ = ["NatsHandler", "NatsSettings", "NatsTarget", "parse_nats_url"]
+__all__ = [
+    "WINDOW_SHORT",
+    "WINDOW_UNCHECKED",
+    "NatsHandler",
+    "NatsSettings",
+    "NatsTarget",
+    "parse_nats_url",
+    "window_short",
+    "window_unchecked",
+]
 
 log = logging.getLogger("carillon.brokers")
 
@@ -85,6 +100,41 @@ RECONNECT_WAIT_S: Final = 0.25
 _SUBJECT: Final = re.compile(r"^[!-~]+$")
 _STREAM: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _EXPECTED_STREAM_MISMATCH: Final = 10060
+WINDOW_SHORT: Final = "nats_duplicate_window_short"
+"""The warning code: the stream's duplicate window is shorter than the retry horizon."""
+WINDOW_UNCHECKED: Final = "nats_stream_unchecked"
+"""The warning code: the stream's duplicate window could not be read (and why)."""
+
+
+def window_short(
+    task_type: str, stream: str, window_s: float, horizon_s: float
+) -> SettingsWarning | None:
+    """The warning that ``stream``'s duplicate window (``window_s``) is shorter than the
+    task type's worst retry horizon (``horizon_s``, :func:`~engine.handlers.registry.
+    retry_horizon_of`); ``None`` when it covers it. The one comparison: the answer to a
+    task-type write and the log line of the first publish both come from here."""
+    if window_s >= horizon_s:
+        return None
+    return SettingsWarning(
+        WINDOW_SHORT,
+        f"task type {task_type!r} publishes to NATS stream {stream!r}, whose duplicate window "
+        f"({window_s:.0f} s) is shorter than the task type's worst retry horizon "
+        f"({horizon_s:.0f} s): a retry or redelivery after the window is stored a second time "
+        f"(same Nats-Msg-Id). Raise the stream's duplicate_window to at least "
+        f"{math.ceil(horizon_s)} s, or lower the task type's max_attempts, backoff or timeout_s",
+    )
+
+
+def window_unchecked(task_type: str, where: str, why: str, horizon_s: float) -> SettingsWarning:
+    """The warning that the duplicate window of the stream ``where`` names could not be
+    read, because of ``why``: nothing is known about the once-only guarantee's bound."""
+    return SettingsWarning(
+        WINDOW_UNCHECKED,
+        f"task type {task_type!r} publishes to {where}, whose duplicate window could not be "
+        f"read ({why}): whether it covers the task type's worst retry horizon "
+        f"({horizon_s:.0f} s) is not checked. Make sure the stream's duplicate_window is at "
+        f"least {math.ceil(horizon_s)} s",
+    )
 
 
 class NatsSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -220,29 +270,78 @@ class NatsHandler(BrokerPublisher):
         try:
             info = await client.js.stream_info(stream)
         except (TimeoutError, nats.errors.Error) as error:
-            log.warning(
-                "task type %r publishes to NATS stream %r, whose duplicate window could not be "
-                "read (%s): whether it covers the task type's worst retry horizon (%.0f s) is "
-                "not checked",
+            unread = window_unchecked(
                 self._task_type,
-                stream,
+                f"NATS stream {stream!r}",
                 type(error).__name__,
                 self._retry_horizon_s,
             )
+            log.warning("%s", unread.message)
             return
         window_s = info.config.duplicate_window or 0.0
-        if window_s < self._retry_horizon_s:
-            log.warning(
-                "task type %r publishes to NATS stream %r, whose duplicate window (%.0f s) is "
-                "shorter than the task type's worst retry horizon (%.0f s): a retry or "
-                "redelivery after the window is stored a second time (same Nats-Msg-Id). "
-                "Raise the stream's duplicate_window, or lower the task type's max_attempts "
-                "or backoff",
-                self._task_type,
-                stream,
-                window_s,
-                self._retry_horizon_s,
-            )
+        short = window_short(self._task_type, stream, window_s, self._retry_horizon_s)
+        if short is not None:
+            log.warning("%s", short.message)
+
+    async def window_warnings(self, timeout_s: float) -> list[SettingsWarning]:
+        """Look up the stream this task type publishes to, now, and warn when its duplicate
+        window is shorter than the retry horizon (:func:`window_short`): what the answer to a
+        task-type write carries. Off the publish path, on a connection of its own (made
+        through the bridge's loop and closed at once), to the vetted address only.
+
+        Bounded by ``timeout_s``, and raises nothing a broker does: an address the node
+        refuses, a server down, no such stream, no answer in time are each a
+        :data:`WINDOW_UNCHECKED` warning saying so.
+        """
+        where = (
+            f"NATS stream {self._stream!r}"
+            if self._stream is not None
+            else f"the stream of NATS subject {self._subject!r} on {self._target.display}"
+        )
+        why = f"no answer within {timeout_s:g} s"
+        with trio.move_on_after(timeout_s):
+            found = await self._read_window(timeout_s)
+            if isinstance(found, str):
+                why = found
+            else:
+                stream, window_s = found
+                short = window_short(self._task_type, stream, window_s, self._retry_horizon_s)
+                return [] if short is None else [short]
+        return [window_unchecked(self._task_type, where, why, self._retry_horizon_s)]
+
+    async def _read_window(self, timeout_s: float) -> tuple[str, float] | str:
+        """The stream's name and duplicate window, or why they could not be read."""
+        brokers = self._brokers
+        if brokers is None:
+            return "this server has no broker bridge to look with"
+        address = await self._host.address()
+        if isinstance(address, HandlerResult):
+            return address.error_message or str(address.error_code)
+        connect = self._connector(address)
+        stream, subject = self._stream, self._subject
+
+        async def read() -> tuple[str, float]:
+            client = await connect()
+            try:
+                js = client.nc.jetstream(timeout=timeout_s)
+                name = stream or await js.find_stream_name_by_subject(subject)
+                info = await js.stream_info(name)
+                return name, info.config.duplicate_window or 0.0
+            finally:
+                await _abandon(client.nc)
+
+        try:
+            return await brokers.run_unpooled(read)
+        except nats.js.errors.NotFoundError:
+            if stream is None:
+                return f"no stream takes the subject {subject!r}"
+            return f"there is no stream {stream!r}"
+        except Exception as error:
+            failure = self._failure(error)
+            if failure is None:  # not the broker's: a bug, but the task type is stored
+                log.exception("looking up the stream of task type %r failed", self._task_type)
+                return type(error).__name__
+            return failure.error_message or type(error).__name__
 
     def _key(self, address: IPAddress) -> tuple[object, ...]:
         target = self._target

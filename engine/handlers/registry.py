@@ -14,14 +14,20 @@ from typing import Any, Final
 from engine.clock import Clock, SystemClock
 from engine.core.retry_policy import RetryPolicy, retry_horizon_s
 from engine.errors import InvalidField
-from engine.handlers.base import Handler, HandlerOptions, check_timeout_s, parse_settings
+from engine.handlers.base import (
+    Handler,
+    HandlerOptions,
+    SettingsWarning,
+    check_timeout_s,
+    parse_settings,
+)
 from engine.handlers.brokers import BrokerBridge
 from engine.handlers.http_client import WebhookClient
 from engine.handlers.noop import NoopHandler
 from engine.handlers.python import PythonHandler, PythonSettings, check_callable_path
 from engine.handlers.shell import ShellHandler
 from engine.handlers.webhook import WebhookHandler
-from engine.model import TaskType
+from engine.model import HandlerKind, TaskType
 
 HANDLER_KINDS: Final = ("nats", "noop", "python", "rabbitmq", "redis", "shell", "webhook")
 _EVERY_KIND: Final = HandlerOptions(enable_shell=True, enable_python=True)
@@ -56,6 +62,36 @@ def check_settings(kind: str, settings: Mapping[str, Any], *, retry_horizon_s: f
         check_callable_path(parsed.callable)
         return
     build_handler(kind, settings, options=_EVERY_KIND, retry_horizon_s=retry_horizon_s)
+
+
+async def settings_warnings(
+    task_type: TaskType,
+    *,
+    brokers: BrokerBridge | None,
+    options: HandlerOptions,
+    timeout_s: float,
+) -> list[SettingsWarning]:
+    """What the writer of ``task_type`` (its settings already checked) should know that the
+    settings alone cannot say, found by looking outside Carillon now: for a ``nats`` task
+    type, whether its stream's duplicate window covers its worst retry horizon
+    (:meth:`~engine.handlers.nats_jetstream.NatsHandler.window_warnings`), through
+    ``brokers`` and to an address ``options`` allows, within ``timeout_s``.
+
+    Every other kind looks at nothing and has none. Never raises for what a broker does
+    (each failure to look is a warning of its own): a write's outcome never depends on it.
+    """
+    if task_type.kind is not HandlerKind.NATS:
+        return []
+    from engine.handlers.nats_jetstream import NatsHandler
+
+    handler = NatsHandler(
+        task_type.settings,
+        options=options,
+        retry_horizon_s=retry_horizon_of(task_type),
+        brokers=brokers,
+        task_type=task_type.name,
+    )
+    return await handler.window_warnings(timeout_s)
 
 
 def build_handler(
