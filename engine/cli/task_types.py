@@ -17,12 +17,17 @@ header values, every shell ``env`` value) only as its fingerprint, ``***sha256:`
 digits, and any other value that looks like a credential is printed as ``***`` -- in
 ``--output json`` too, which is otherwise the API's JSON as received. ``rotate-secret`` gives
 a webhook a new secret and keeps the old one signing for an overlap.
+
+The API's answer to ``set`` may carry warnings (a ``nats`` stream whose duplicate window is
+shorter than the task type's retry horizon, or could not be read): each is printed to stderr
+as ``warning: …``; the task type was stored, and the exit code stays 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any, Final
 
 from engine.cli.client import (
@@ -264,6 +269,7 @@ def run_set(args: argparse.Namespace) -> int:
         check_settings(args.kind, body["settings"], retry_horizon_s=_retry_horizon(body))
     with open_client(args) as api:
         answer = api.call("PUT", f"/v1/task-types/{segment(args.name)}", body=body)
+    print_warnings(answer.json().get("warnings"))
     stored = redacted(answer.json())
     if args.output == "json":
         _print_json(answer, stored)
@@ -451,6 +457,14 @@ def redact_settings(settings: dict[str, Any]) -> dict[str, Any]:
 def redacted(task_type: dict[str, Any]) -> dict[str, Any]:
     """A task type as the API returns it, its settings redacted (other fields in order)."""
     return {**task_type, "settings": redact_settings(task_type.get("settings") or {})}
+
+
+def print_warnings(warnings: Any) -> None:
+    """Each warning of a write's answer (``{code, message}``) on stderr as ``warning: …``:
+    the write was made, so the exit code stays 0 and stdout keeps only the answer."""
+    for warning in warnings or ():
+        message = warning.get("message") if isinstance(warning, dict) else None
+        print(f"warning: {message or warning}", file=sys.stderr)
 
 
 def _print_json(answer: Answer, shown: Any) -> None:

@@ -206,3 +206,22 @@ async def test_closing_a_bridge_that_never_published_starts_no_thread() -> None:
         pass
 
     assert not brokers.statistics().started
+
+
+async def test_a_one_off_exchange_runs_on_the_loop_and_pools_nothing() -> None:
+    async def exchange() -> tuple[str, str, str]:
+        client = await connector("once")()
+        try:
+            return await client.where()
+        finally:
+            await client.aclose()
+
+    brokers = BrokerBridge()
+    name, thread, _ = await brokers.run_unpooled(exchange)
+    stats = brokers.statistics()
+    await brokers.aclose()
+
+    assert (name, thread) == ("once", THREAD_NAME)
+    assert (stats.started, stats.clients, stats.connects) == (True, 0, 0)
+    with pytest.raises(RuntimeError, match="closed"):
+        await brokers.run_unpooled(exchange)

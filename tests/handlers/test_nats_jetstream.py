@@ -23,7 +23,7 @@ import trio
 from engine.errors import InvalidField
 from engine.handlers import HandlerOptions, HandlerResult, OutcomeKind
 from engine.handlers.brokers import BrokerBridge, open_broker_bridge
-from engine.handlers.nats_jetstream import NatsHandler
+from engine.handlers.nats_jetstream import NatsHandler, window_short
 from engine.handlers.registry import build_handler, check_settings
 from tests.handlers.conftest import make_context
 from tests.handlers.nats_server import (
@@ -207,6 +207,10 @@ async def test_a_window_shorter_than_the_retry_horizon_is_warned_about_once(
         "task type 'ticks' publishes to NATS stream 'TICKS', whose duplicate window (120 s) is "
         "shorter than the task type's worst retry horizon (518 s)"
     )
+    # The warning a write of the task type answers, word for word (one comparison).
+    said = window_short("ticks", STREAM, 120, 518)
+    assert said is not None
+    assert warning.getMessage() == said.message
 
 
 async def test_a_window_that_cannot_be_read_is_said_once_and_fails_no_publish(
