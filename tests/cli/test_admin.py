@@ -6,12 +6,17 @@ import base64
 import json
 
 import pytest
+import trio
 
 from engine.core.redaction import fingerprint
+from engine.handlers import HandlerOptions
 from engine.ledger.params import LeasesAcquire, SchedulesCreate, SchedulesDelete
 from engine.model import HandlerKind, OverlapPolicy, Schedule, TaskType
 from tests.cli.conftest import Api
 from tests.cli.harness import Cli
+from tests.handlers.nats_server import NatsServer, add_stream, nats_server
+
+__all__ = ["nats_server"]  # the fixture, imported for this module's tests
 
 SECRET = "whsec_" + base64.b64encode(b"s3cr3t-key-material-of-32-bytes!").decode()
 
@@ -167,13 +172,43 @@ async def test_a_nats_task_type_is_set_with_its_subject_and_expected_stream(
         "task-type", "set", "ticks", "--kind", "nats", "--url", "nats://tok-3n@10.0.0.5:4222",
         "--subject", "ticks.report", "--stream", "TICKS",
     )  # fmt: skip
-    assert (result.code, result.err) == (0, "")
-    assert "tok-3n" not in result.out
+    assert result.code == 0
+    # The API does not look at an address the node may not publish to (private, here).
+    assert result.err.startswith(
+        "warning: task type 'ticks' publishes to NATS stream 'TICKS', whose duplicate window "
+        "could not be read ("
+    )
+    assert "--broker-allow-cidrs" in result.err
+    assert "tok-3n" not in result.out + result.err
     stored = await api.ledger.task_types_get("ticks")
     assert (stored.kind, stored.settings) == (
         HandlerKind.NATS,
         {"url": "nats://tok-3n@10.0.0.5:4222", "subject": "ticks.report", "stream": "TICKS"},
     )
+
+
+async def test_a_nats_streams_short_duplicate_window_is_a_warning_and_the_exit_code_0(
+    api: Api, cli: Cli, nats_server: NatsServer
+) -> None:
+    await trio.to_thread.run_sync(
+        lambda: add_stream(nats_server.url, "TICKS", ["ticks.>"], duplicate_window=10)
+    )
+    api.context.handler_options = HandlerOptions(broker_allow_cidrs=("127.0.0.0/8",))
+    ticks = ["task-type", "set", "ticks", "--kind", "nats", "--url", nats_server.url,
+             "--subject", "ticks.report"]  # fmt: skip
+
+    result = await cli(*ticks)
+    as_json = await cli(*ticks, "-o", "json")
+
+    assert result.code == as_json.code == 0
+    assert result.out.startswith("created task type 'ticks' (version 1)\n")
+    [line] = result.err.splitlines()
+    assert line.startswith(
+        "warning: task type 'ticks' publishes to NATS stream 'TICKS', whose duplicate window "
+        "(10 s) is shorter than the task type's worst retry horizon (518 s)"
+    )
+    assert as_json.err == result.err  # stdout keeps only the answer
+    assert json.loads(as_json.out)["warnings"][0]["code"] == "nats_duplicate_window_short"
 
 
 async def test_a_rabbitmq_task_type_is_set_and_its_credentials_never_printed(
