@@ -86,13 +86,13 @@ async def put_task_type(call: Call) -> Reply:
     # Once stored, and never failing the write: what the writer should know about the
     # broker the settings name (a nats stream's duplicate window), looked up now, bounded.
     warnings = await settings_warnings(
-        stored,
+        [stored],
         brokers=call.api.brokers,
         options=call.api.handler_options,
         timeout_s=call.api.broker_lookup_timeout_s,
     )
     shown = msgspec.structs.asdict(_shown(stored))
-    return Reply(TaskTypeWritten(**shown, warnings=warnings))
+    return Reply(TaskTypeWritten(**shown, warnings=warnings.get(stored.name, [])))
 
 
 async def _put_checked(call: Call, task_type: TaskType, expected: int | None) -> TaskType:

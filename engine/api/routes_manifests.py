@@ -8,7 +8,9 @@ apply's transaction (:meth:`~engine.ledger.base.Ledger.manifests_apply`): it che
 item with the validators of the single-object routes -- schedule input, handler settings,
 write-only secrets, the tenancy rules of task types -- and either refuses the whole set,
 naming every bad item, or returns the changes. ``?dry_run=true`` answers the same plan and
-writes nothing: what ``carillon diff`` prints. ``docs/manifests.md`` is the user's guide.
+writes nothing: what ``carillon diff`` prints. Each task type created or updated carries the
+warnings a ``PUT`` of it would answer (a ``nats`` stream's duplicate window, looked up once
+the plan is made, outside the transaction). ``docs/manifests.md`` is the user's guide.
 
 An admin token applies all three kinds. A tenant token applies only schedules of its own
 tenant: task types or tenants in its body are refused (403), an item naming another tenant
@@ -28,7 +30,8 @@ from engine.api.schedule_input import replace_with_spec, schedule_from_spec
 from engine.api.schemas import ScheduleSpec, TaskTypeSpec, TenantSpec
 from engine.core import redaction
 from engine.errors import CarillonError, InvalidField
-from engine.handlers.registry import check_settings
+from engine.handlers.base import SettingsWarning
+from engine.handlers.registry import check_settings, settings_warnings
 from engine.ledger.manifests import (
     ManifestAction,
     ManifestChange,
@@ -85,6 +88,10 @@ class AppliedChange(msgspec.Struct, frozen=True):
     version: int | None
     """The version after the change (``None`` in a dry run, or when deleted)."""
     source: str | None = None
+    warnings: list[SettingsWarning] = msgspec.field(default_factory=list)
+    """What the writer of a task type created or updated should know, as the answer to
+    ``PUT /v1/task-types/{name}`` says it (a ``nats`` stream's duplicate window); empty for
+    every other change."""
 
 
 class ApplyResult(msgspec.Struct, frozen=True):
@@ -157,6 +164,8 @@ class _Planner:
         self.errors: list[str] = []
         self.unchanged = 0
         """How many listed objects the last plan found as the manifests say."""
+        self.wanted_task_types: dict[str, TaskType] = {}
+        """The task types of the last plan, as they are written (by name)."""
         self.tenants = _decode(body.tenants, "tenants", "tenant_id", TenantSpec, self.errors)
         self.task_types = _decode(body.task_types, "task_types", "name", TaskTypeSpec, self.errors)
         self.schedules = _decode(
@@ -247,6 +256,7 @@ class _Planner:
             settle(ManifestKind.TENANT, item, state.tenants.get(item.name), tenant)
 
         task_types = dict(state.task_types)
+        wanted_task_types: dict[str, TaskType] = {}
         for item in self.task_types:
             if owned_elsewhere(ManifestKind.TASK_TYPE, item):
                 continue
@@ -265,7 +275,7 @@ class _Planner:
             except (CarillonError, ValueError) as exc:
                 errors.append(f"{item.where}: {exc}")
                 continue
-            task_types[item.name] = task_type
+            task_types[item.name] = wanted_task_types[item.name] = task_type
             settle(ManifestKind.TASK_TYPE, item, current_type, task_type)
 
         listed = {item.name for item in self.schedules}
@@ -318,6 +328,7 @@ class _Planner:
             )
         changes.extend(self._pruned(state, listed))
         self.unchanged = unchanged
+        self.wanted_task_types = wanted_task_types
         return changes
 
     def _tenant_of(self, spec: ScheduleSpec) -> str:
@@ -398,6 +409,21 @@ async def apply(call: Call) -> Reply:
             dry_run=dry_run,
         )
     )
+    # Once applied (or planned), outside the ledger's transaction: the task types created
+    # or updated are looked at as a PUT of each would (bounded; never failing the apply).
+    written = [
+        plan.wanted_task_types[item.name]
+        for item in done
+        if item.kind is ManifestKind.TASK_TYPE
+        and item.action in (ManifestAction.CREATE, ManifestAction.UPDATE)
+        and item.name in plan.wanted_task_types
+    ]
+    warnings = await settings_warnings(
+        written,
+        brokers=call.api.brokers,
+        options=call.api.handler_options,
+        timeout_s=call.api.broker_lookup_timeout_s,
+    )
     return Reply(
         ApplyResult(
             body.manifest_set,
@@ -410,6 +436,7 @@ async def apply(call: Call) -> Reply:
                     list(item.fields),
                     item.version,
                     item.source,
+                    warnings.get(item.name, []) if item.kind is ManifestKind.TASK_TYPE else [],
                 )
                 for item in done
             ],

@@ -6,7 +6,9 @@ every bad item with its file and line. ``diff`` sends the same request with
 ``?dry_run=true`` and prints what would change; its exit status is made for CI: 0 when
 nothing would change, 1 when something would, 2 on any error (bad files, bad items, a
 refused request). ``apply`` exits 0 when applied (changes or not), 2 for bad input, 1 when
-the API could not be used.
+the API could not be used. The warnings the answer carries for task types (a ``nats``
+stream's duplicate window) are printed to stderr as ``warning: FILE:LINE …``; they change no
+exit status.
 """
 
 from __future__ import annotations
@@ -96,6 +98,10 @@ def _send(args: argparse.Namespace, *, dry_run: bool) -> dict[str, Any]:
     if args.output == "json":
         print(answer.text)
     result: dict[str, Any] = answer.json()
+    for change in result.get("changes") or ():
+        for warning in change.get("warnings") or ():  # on stderr, as `task-type set` says them
+            where = f"{change['source']}: " if change.get("source") else ""
+            print(f"warning: {where}{warning.get('message')}", file=sys.stderr)
     return result
 
 

@@ -12,7 +12,7 @@ default) and acknowledges it as a duplicate, which is a success here. A retry or
 ``X-Carillon-Execution-Id``), for consumers to drop. So the window should cover the task
 type's worst retry horizon. That is checked twice, by one comparison (:func:`window_short`):
 when the task type is written through the API, which looks the stream up (bounded, off the
-publish path, :meth:`NatsHandler.window_warnings`) and answers a warning the writer sees;
+publish path, :meth:`NatsHandler.read_window`) and answers a warning the writer sees;
 and at the first publish of each task type version (beside it: the publish does not wait),
 which logs the same warning -- the backstop for a stream changed after the write
 (``docs/targets.md``).
@@ -283,31 +283,38 @@ class NatsHandler(BrokerPublisher):
         if short is not None:
             log.warning("%s", short.message)
 
-    async def window_warnings(self, timeout_s: float) -> list[SettingsWarning]:
-        """Look up the stream this task type publishes to, now, and warn when its duplicate
-        window is shorter than the retry horizon (:func:`window_short`): what the answer to a
-        task-type write carries. Off the publish path, on a connection of its own (made
+    @property
+    def lookup_key(self) -> tuple[object, ...]:
+        """What :meth:`read_window` depends on: task types equal in it share one lookup."""
+        return (self._target, self._subject, self._stream)
+
+    async def read_window(self, timeout_s: float) -> tuple[str, float] | str:
+        """The name and duplicate window of the stream this task type publishes to, looked
+        up now, or why they could not be: for the answer to a task-type write
+        (:meth:`window_warnings`). Off the publish path, on a connection of its own (made
         through the bridge's loop and closed at once), to the vetted address only.
 
         Bounded by ``timeout_s``, and raises nothing a broker does: an address the node
-        refuses, a server down, no such stream, no answer in time are each a
-        :data:`WINDOW_UNCHECKED` warning saying so.
+        refuses, a server down, no such stream, no answer in time are each a reason.
         """
-        where = (
-            f"NATS stream {self._stream!r}"
-            if self._stream is not None
-            else f"the stream of NATS subject {self._subject!r} on {self._target.display}"
-        )
-        why = f"no answer within {timeout_s:g} s"
         with trio.move_on_after(timeout_s):
-            found = await self._read_window(timeout_s)
-            if isinstance(found, str):
-                why = found
-            else:
-                stream, window_s = found
-                short = window_short(self._task_type, stream, window_s, self._retry_horizon_s)
-                return [] if short is None else [short]
-        return [window_unchecked(self._task_type, where, why, self._retry_horizon_s)]
+            return await self._read_window(timeout_s)
+        return f"no answer within {timeout_s:g} s"
+
+    def window_warnings(self, found: tuple[str, float] | str) -> list[SettingsWarning]:
+        """What the answer to a write of this task type says of what :meth:`read_window`
+        ``found``: a :func:`window_short` warning when the window is shorter than the retry
+        horizon, a :func:`window_unchecked` one saying why when it could not be read."""
+        if isinstance(found, str):
+            where = (
+                f"NATS stream {self._stream!r}"
+                if self._stream is not None
+                else f"the stream of NATS subject {self._subject!r} on {self._target.display}"
+            )
+            return [window_unchecked(self._task_type, where, found, self._retry_horizon_s)]
+        stream, window_s = found
+        short = window_short(self._task_type, stream, window_s, self._retry_horizon_s)
+        return [] if short is None else [short]
 
     async def _read_window(self, timeout_s: float) -> tuple[str, float] | str:
         """The stream's name and duplicate window, or why they could not be read."""

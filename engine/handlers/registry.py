@@ -8,8 +8,10 @@ settings before storing them, and the worker pool can build handlers once per ta
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, Final
+
+import trio
 
 from engine.clock import Clock, SystemClock
 from engine.core.retry_policy import RetryPolicy, retry_horizon_s
@@ -31,6 +33,9 @@ from engine.model import HandlerKind, TaskType
 
 HANDLER_KINDS: Final = ("nats", "noop", "python", "rabbitmq", "redis", "shell", "webhook")
 _EVERY_KIND: Final = HandlerOptions(enable_shell=True, enable_python=True)
+LOOKUPS_AT_ONCE: Final = 8
+"""Most brokers one write looks at together (:func:`settings_warnings`; a manifest set may
+name many)."""
 
 
 def retry_horizon_of(task_type: TaskType) -> float:
@@ -65,33 +70,49 @@ def check_settings(kind: str, settings: Mapping[str, Any], *, retry_horizon_s: f
 
 
 async def settings_warnings(
-    task_type: TaskType,
+    task_types: Sequence[TaskType],
     *,
     brokers: BrokerBridge | None,
     options: HandlerOptions,
     timeout_s: float,
-) -> list[SettingsWarning]:
-    """What the writer of ``task_type`` (its settings already checked) should know that the
-    settings alone cannot say, found by looking outside Carillon now: for a ``nats`` task
-    type, whether its stream's duplicate window covers its worst retry horizon
-    (:meth:`~engine.handlers.nats_jetstream.NatsHandler.window_warnings`), through
-    ``brokers`` and to an address ``options`` allows, within ``timeout_s``.
+) -> dict[str, list[SettingsWarning]]:
+    """What the writers of ``task_types`` (their settings already checked) should know that
+    the settings alone cannot say, found by looking outside Carillon now, by task type name:
+    for a ``nats`` task type, whether its stream's duplicate window covers its worst retry
+    horizon (:meth:`~engine.handlers.nats_jetstream.NatsHandler.read_window`), through
+    ``brokers`` and to an address ``options`` allows.
 
-    Every other kind looks at nothing and has none. Never raises for what a broker does
-    (each failure to look is a warning of its own): a write's outcome never depends on it.
+    Task types that name the same stream share one lookup; :data:`LOOKUPS_AT_ONCE` run at
+    a time, each within ``timeout_s``. Every other kind looks at nothing and is left out.
+    Never raises for what a broker does (each failure to look is a warning of its own): a
+    write's outcome never depends on it.
     """
-    if task_type.kind is not HandlerKind.NATS:
-        return []
+    nats_types = [t for t in task_types if t.kind is HandlerKind.NATS]
+    if not nats_types:
+        return {}
     from engine.handlers.nats_jetstream import NatsHandler
 
-    handler = NatsHandler(
-        task_type.settings,
-        options=options,
-        retry_horizon_s=retry_horizon_of(task_type),
-        brokers=brokers,
-        task_type=task_type.name,
-    )
-    return await handler.window_warnings(timeout_s)
+    handlers = {
+        t.name: NatsHandler(
+            t.settings,
+            options=options,
+            retry_horizon_s=retry_horizon_of(t),
+            brokers=brokers,
+            task_type=t.name,
+        )
+        for t in nats_types
+    }
+    found: dict[Hashable, tuple[str, float] | str] = {}
+    limiter = trio.CapacityLimiter(LOOKUPS_AT_ONCE)
+
+    async def look(key: Hashable, handler: NatsHandler) -> None:
+        async with limiter:
+            found[key] = await handler.read_window(timeout_s)
+
+    async with trio.open_nursery() as nursery:
+        for key, handler in {h.lookup_key: h for h in handlers.values()}.items():
+            nursery.start_soon(look, key, handler)
+    return {name: h.window_warnings(found[h.lookup_key]) for name, h in handlers.items()}
 
 
 def build_handler(

@@ -215,3 +215,36 @@ async def test_refused_settings_are_refused_before_any_lookup(
 
     assert_problem(response, 422, "invalid-field")
     assert not brokers.statistics().started
+
+
+# -- carillon apply -------------------------------------------------------------------------
+
+
+async def test_apply_answers_each_written_nats_task_types_warnings_with_its_change(
+    api: Api, nats_server: NatsServer
+) -> None:
+    await trio.to_thread.run_sync(
+        lambda: add_stream(nats_server.url, "TICKS", ["ticks.>"], duplicate_window=10)
+    )
+    task_types = [
+        {"name": name, **nats(nats_server.url), "source": f"ticks.yaml:{line}"}
+        for name, line in (("ticks", 2), ("tocks", 7))
+    ]
+    hook = {"name": "hook", "kind": "webhook", "settings": {"url": "https://example.com/h"}}
+    body = {"manifest_set": "ticks", "task_types": [*task_types, hook]}
+
+    planned = await api.client.post("/v1/apply?dry_run=true", json=body, headers=api.admin)
+    applied = await api.client.post("/v1/apply", json=body, headers=api.admin)
+    again = await api.client.post("/v1/apply", json=body, headers=api.admin)
+
+    for answer in (planned, applied):
+        assert answer.status_code == 200, answer.text
+        said = {c["name"]: [w["code"] for w in c["warnings"]] for c in answer.json()["changes"]}
+        assert said == {
+            "ticks": ["nats_duplicate_window_short"],
+            "tocks": ["nats_duplicate_window_short"],
+            "hook": [],
+        }
+    [tocks] = [c for c in applied.json()["changes"] if c["name"] == "tocks"]
+    assert tocks["warnings"][0]["message"].startswith("task type 'tocks' publishes to NATS")
+    assert again.json()["changes"] == []  # nothing written: nothing looked at again

@@ -7,11 +7,16 @@ import json
 from pathlib import Path
 
 import pytest
+import trio
 
 from engine.cli.manifest_files import load
 from engine.errors import InvalidField
+from engine.handlers import HandlerOptions
 from tests.cli.conftest import Api
 from tests.cli.harness import Cli
+from tests.handlers.nats_server import NatsServer, add_stream, nats_server
+
+__all__ = ["nats_server"]  # the fixture, imported for this module's tests
 
 YAML = """\
 manifest_set: billing
@@ -79,6 +84,35 @@ async def test_apply_then_diff_reports_no_drift(api: Api, cli: Cli, tmp_path: Pa
     assert "applied 0 changes, 3 unchanged" in again.err
     clean = await cli("diff", "-f", str(manifest))
     assert clean.code == 0, clean.err
+
+
+async def test_a_nats_streams_short_window_is_a_warning_with_its_file_and_line(
+    api: Api, cli: Cli, tmp_path: Path, nats_server: NatsServer
+) -> None:
+    await trio.to_thread.run_sync(
+        lambda: add_stream(nats_server.url, "TICKS", ["ticks.>"], duplicate_window=10)
+    )
+    api.context.handler_options = HandlerOptions(broker_allow_cidrs=("127.0.0.0/8",))
+    manifest = write(
+        tmp_path,
+        "ticks.yaml",
+        f"""\
+manifest_set: ticks
+task_types:
+  - name: ticks
+    kind: nats
+    settings: {{url: "{nats_server.url}", subject: ticks.report}}
+""",
+    )
+
+    drift = await cli("diff", "-f", str(manifest))
+    applied = await cli("apply", "-f", str(manifest))
+
+    assert (drift.code, applied.code) == (1, 0)
+    for result in (drift, applied):
+        [warning] = [line for line in result.err.splitlines() if line.startswith("warning:")]
+        assert warning.startswith(f"warning: {manifest}:3 (task_types[0]): task type 'ticks'")
+        assert "duplicate window (10 s) is shorter" in warning
 
 
 async def test_an_edit_shows_as_one_update_in_the_diff(api: Api, cli: Cli, tmp_path: Path) -> None:
