@@ -9,8 +9,10 @@ is real time.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -248,3 +250,25 @@ async def test_apply_answers_each_written_nats_task_types_warnings_with_its_chan
     [tocks] = [c for c in applied.json()["changes"] if c["name"] == "tocks"]
     assert tocks["warnings"][0]["message"].startswith("task type 'tocks' publishes to NATS")
     assert again.json()["changes"] == []  # nothing written: nothing looked at again
+
+
+async def test_bad_credentials_are_a_reason_that_never_shows_them(
+    api: Api, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    password = "pw-" + secrets.token_hex(8)
+    server = NatsServer(tmp_path, user="app", password=password)
+    await trio.to_thread.run_sync(server.start)
+    try:
+        wrong = f"nats://app:wrong-{password}@127.0.0.1:{server.port}"
+        response = await api.client.put(
+            "/v1/task-types/ticks", json=nats(wrong, stream="TICKS"), headers=api.admin
+        )
+    finally:
+        await trio.to_thread.run_sync(server.kill)
+
+    assert response.status_code == 200, response.text
+    [warning] = response.json()["warnings"]
+    assert warning["code"] == "nats_stream_unchecked"
+    assert "Authorization" in warning["message"]
+    assert password not in response.text
+    assert password not in caplog.text
