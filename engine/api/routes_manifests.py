@@ -88,7 +88,10 @@ class AppliedChange(msgspec.Struct, frozen=True):
     version: int | None
     """The version after the change (``None`` in a dry run, or when deleted)."""
     source: str | None = None
-    warnings: list[SettingsWarning] = msgspec.field(default_factory=list)
+    warnings: Annotated[
+        list[SettingsWarning],
+        Meta(description="a task type's, as PUT /v1/task-types/{name} answers them"),
+    ] = msgspec.field(default_factory=list)
     """What the writer of a task type created or updated should know, as the answer to
     ``PUT /v1/task-types/{name}`` says it (a ``nats`` stream's duplicate window); empty for
     every other change."""

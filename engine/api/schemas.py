@@ -308,7 +308,15 @@ class TaskTypeWritten(TaskType, frozen=True, kw_only=True):
     """The answer to ``PUT /v1/task-types/{name}``: the task type as stored (secrets as
     fingerprints), and what its writer should know about it."""
 
-    warnings: list[SettingsWarning] = msgspec.field(default_factory=list)
+    warnings: Annotated[
+        list[SettingsWarning],
+        Meta(
+            description="what the writer should know that does not stop the write: for a nats "
+            "task type, nats_duplicate_window_short (the stream's duplicate_window is shorter "
+            "than the task type's worst retry horizon) or nats_stream_unchecked (it could not "
+            "be read, and why); empty for every other kind"
+        ),
+    ] = msgspec.field(default_factory=list)
     """Conditions outside Carillon that weaken what the task type's kind promises, found
     when it was written (a ``nats`` stream's duplicate window shorter than the retry
     horizon: ``nats_duplicate_window_short``; or unreadable: ``nats_stream_unchecked``).
