@@ -45,6 +45,7 @@ Usage: python benchmarks/bench_listing.py [--quick] [--no-docs] [--rows N] [--sa
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import random
@@ -241,6 +242,7 @@ class Build:
     """What building the ledger took, and how it came out."""
 
     seconds: dict[str, float] = field(default_factory=dict)
+    built_at: str = ""
     statuses: dict[str, int] = field(default_factory=dict)
     attempts: int = 0
     first: datetime | None = None
@@ -320,6 +322,11 @@ async def finish_build(url: str, build: Build) -> None:
         for table in (*LOADED_TABLES, "schedules"):
             await connection.execute(f"VACUUM ANALYZE {table}")
         build.seconds["vacuum analyze"] = time.perf_counter() - started
+        build.built_at = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        note = json.dumps({"built_at": build.built_at, "seconds": build.seconds})
+        name = await connection.fetchval("SELECT current_database()")
+        # Kept with the database, for a later --reuse to report how it was built.
+        await connection.execute(f"COMMENT ON DATABASE \"{name}\" IS '{note}'")
         await describe(connection, build)
         sample = await connection.fetch(
             "SELECT execution_id, schedule_id, planned_at FROM executions "
@@ -334,6 +341,14 @@ async def finish_build(url: str, build: Build) -> None:
 
 
 async def describe(connection: asyncpg.Connection, build: Build) -> None:
+    """The ledger as it is (and, kept with the database, when and how fast it was built)."""
+    note = await connection.fetchval(
+        "SELECT shobj_description(oid, 'pg_database') FROM pg_database "
+        "WHERE datname = current_database()"
+    )
+    if note and not build.built_at:
+        kept = json.loads(note)
+        build.built_at, build.seconds = kept["built_at"], kept["seconds"]
     rows = await connection.fetch("SELECT status, count(*) FROM executions GROUP BY status")
     build.statuses = {row["status"]: row["count"] for row in rows}
     build.attempts = await connection.fetchval("SELECT count(*) FROM execution_attempts")
@@ -486,10 +501,11 @@ async def pick_keys(url: str, samples: int, seed: int) -> tuple[list[Key], Key]:
 async def time_listings(url: str, keys: list[Key]) -> dict[str, list[float]]:
     """Milliseconds per call of each kind, through ``PostgresLedger`` (the bridge, the pool,
     the prepared statements, the rows decoded), the kinds interleaved in a rotating order; a
-    first round untimed."""
+    first round untimed. One pooled connection, so that its plan cache can be read after:
+    how often each statement ran a custom plan and how often the generic one."""
     timings: dict[str, list[float]] = {kind.label: [] for kind in KINDS}
     rows: dict[str, int] = {kind.label: 0 for kind in KINDS}
-    async with open_postgres_ledger(url) as ledger:
+    async with open_postgres_ledger(url, pool_max=1) as ledger:
         for n, key in enumerate([keys[0], *keys]):
             for shift in range(len(KINDS)):
                 kind = KINDS[(n + shift) % len(KINDS)]
@@ -500,9 +516,22 @@ async def time_listings(url: str, keys: list[Key]) -> dict[str, list[float]]:
                 if n:
                     timings[kind.label].append(1000 * spent)
                     rows[kind.label] += len(page.items)
-    for label, total in rows.items():
-        timings[f"{label} rows"] = [total / len(keys)]
+        counts = await ledger._run(_plan_counts, None)  # the pool's one connection
+    for kind in KINDS:
+        statement = statement_of(kind.query(keys[0]))[0]
+        custom, generic = counts.get(statement.strip(), (0, 0))
+        timings[f"{kind.label} rows"] = [rows[kind.label] / len(keys)]
+        timings[f"{kind.label} plans"] = [custom, generic]
     return timings
+
+
+async def _plan_counts(store: Any, _: None) -> dict[str, tuple[int, int]]:
+    """Per prepared statement of a pooled connection: (custom plans, generic plans) run."""
+    async with store.connection() as connection:
+        rows = await connection.fetch(
+            "SELECT statement, custom_plans, generic_plans FROM pg_prepared_statements"
+        )
+    return {row["statement"].strip(): (row["custom_plans"], row["generic_plans"]) for row in rows}
 
 
 # --- plans and sizes ----------------------------------------------------------------------------
@@ -546,28 +575,44 @@ def statement_of(query: ExecutionsQuery) -> tuple[str, list[str], list[Any]]:
     return statement, types, values
 
 
-async def explain(url: str, keys: list[Key], heaviest: Key) -> dict[str, str]:
-    """Each kind's plan for the heaviest key, run as a prepared statement after five
-    executions with other keys (the plan cache's choice, as the engine's connections get it)."""
-    plans: dict[str, str] = {}
+PLAN_MODES: Final = (("custom", "force_custom_plan"), ("generic", "force_generic_plan"))
+
+
+async def explain(url: str, heaviest: Key) -> dict[str, list[tuple[str, str]]]:
+    """Each kind's plans for the heaviest key, run as a prepared statement: the custom plan
+    (made for the values given; a connection's first five executions of a statement get one)
+    and the generic one (made for any values; later executions get it when its estimated cost
+    is no worse). One plan when both are alike."""
+    plans: dict[str, list[tuple[str, str]]] = {}
     connection = await asyncpg.connect(url)
     try:
         for kind in KINDS:
-            statement, types, _ = statement_of(kind.query(heaviest))
-            await connection.execute(f"PREPARE {PREPARED} ({', '.join(types)}) AS {statement}")
-            for key in (keys * 5)[:5]:
-                _, _, values = statement_of(kind.query(key))
-                await connection.execute(f"EXECUTE {PREPARED} ({', '.join(map(_literal, values))})")
-            _, _, values = statement_of(kind.query(heaviest))
-            lines = await connection.fetch(
-                f"EXPLAIN (ANALYZE, BUFFERS) EXECUTE {PREPARED} "
-                f"({', '.join(map(_literal, values))})"
-            )
-            plans[kind.label] = "\n".join(line[0] for line in lines)
-            await connection.execute(f"DEALLOCATE {PREPARED}")
+            statement, types, values = statement_of(kind.query(heaviest))
+            found: list[tuple[str, str]] = []
+            for label, mode in PLAN_MODES:
+                await connection.execute(f"SET plan_cache_mode = {mode}")
+                await connection.execute(f"PREPARE {PREPARED} ({', '.join(types)}) AS {statement}")
+                lines = await connection.fetch(
+                    f"EXPLAIN (ANALYZE, BUFFERS) EXECUTE {PREPARED} "
+                    f"({', '.join(map(_literal, values))})"
+                )
+                await connection.execute(f"DEALLOCATE {PREPARED}")
+                found.append((label, "\n".join(line[0] for line in lines)))
+            if plan_shape(found[0][1]) == plan_shape(found[1][1]):
+                found = [("custom and generic alike", found[0][1])]
+            plans[kind.label] = found
     finally:
         await connection.close()
     return plans
+
+
+def plan_shape(plan: str) -> list[str]:
+    """The nodes of a plan, without their figures, conditions or values."""
+    return [
+        line.split("  (cost", 1)[0].strip().removeprefix("->").strip()
+        for line in plan.splitlines()
+        if "(cost=" in line
+    ]
 
 
 SIZES: Final = """
@@ -609,7 +654,7 @@ def report(
     name: str,
     build: Build,
     timings: dict[str, list[float]],
-    plans: dict[str, str],
+    plans: dict[str, list[tuple[str, str]]],
     relations: list[tuple[str, str, bool, int, str]],
     heaviest: Key,
     loads: tuple[tuple[float, ...], tuple[float, ...]],
@@ -625,15 +670,14 @@ def report(
             f", planned from {build.first:%Y-%m-%d %H:%M} to {build.last:%Y-%m-%d %H:%M} UTC "
             f"({(build.last - build.first).total_seconds() / 86_400:.1f} days)"
         )
-    built = (
-        "reused as built earlier (`--reuse`)"
-        if args.reuse
-        else "built in "
-        + ", ".join(f"{label} {seconds:,.0f} s" for label, seconds in build.seconds.items())
-    )
+    built = f"built {build.built_at or 'earlier'}"
+    if build.seconds:
+        built += " in " + ", ".join(f"{k} {v:,.0f} s" for k, v in build.seconds.items())
+    if args.reuse:
+        built += ", timed again here (`--reuse`)"
     before, after = loads
     lines = [
-        f"## Listing queries on a {_rows_label(args.rows)}-execution ledger "
+        f"## Listing queries on a {_rows_label(total)}-execution ledger "
         "(`benchmarks/bench_listing.py`)",
         "",
         f"Machine: {machine()}; revision {revision()}; PostgreSQL on the same machine. "
@@ -648,22 +692,29 @@ def report(
         f"1 / rank^{ZIPF_S}); 2 % of the schedules fire hourly, 8 % every 6 hours, 90 % daily; "
         "rows inserted in planned order (the module docstring has the whole shape).",
         "",
-        f"Each call is `PostgresLedger.executions_query` from trio (bridge, pool, prepared "
-        f"statement, rows decoded), page size {PAGE}, over {args.samples:,} random keys per "
-        "kind (a random schedule; the tenant of another random schedule, so tenants in "
-        "proportion to their schedules), the kinds interleaved. A deep page resumes at the "
-        f"key's row {DEPTH:.0%} of the way through its listing. ms per call:",
+        f"Each call is `PostgresLedger.executions_query` from trio (bridge, pooled connection, "
+        f"prepared statement, rows decoded), page size {PAGE}, over {args.samples:,} random "
+        "keys per kind (a random schedule; the tenant of another random schedule, so tenants "
+        "in proportion to their schedules), the kinds interleaved, on one pooled connection. "
+        f"A deep page resumes at the key's row {DEPTH:.0%} of the way through its listing. "
+        "ms per call; *plans* is how many of the calls ran a custom plan (made for the values) "
+        "and how many the generic one (read from `pg_prepared_statements` of that connection; "
+        "two kinds that differ only in the status filtered share one statement, and so "
+        "their counts):",
         "",
-        "| kind | request | rows returned (mean) | p50 ms | p95 ms | p99 ms | max ms |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| kind | request | rows returned (mean) | p50 ms | p95 ms | p99 ms | max ms "
+        "| plans: custom / generic |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for kind in KINDS:
         samples = timings[kind.label]
         returned = timings[f"{kind.label} rows"][0]
+        custom, generic = timings[f"{kind.label} plans"]
         lines.append(
             f"| {kind.label} | `{kind.request}` | {returned:,.1f} "
             f"| {percentile(samples, 0.5):.2f} | {percentile(samples, 0.95):.2f} "
-            f"| {percentile(samples, 0.99):.2f} | {max(samples):.2f} |"
+            f"| {percentile(samples, 0.99):.2f} | {max(samples):.2f} "
+            f"| {custom:,.0f} / {generic:,.0f} |"
         )
     lines += [
         "",
@@ -682,27 +733,30 @@ def report(
         "per execution.",
         "",
         "<details><summary>Plans: <code>EXPLAIN (ANALYZE, BUFFERS)</code> of each kind for "
-        f"the busiest schedule (`{heaviest.schedule_id}`) and the biggest tenant "
-        f"(`{heaviest.tenant_id}`), as the engine's prepared statement after five "
-        "executions</summary>",
+        f"the busiest schedule (<code>{heaviest.schedule_id}</code>) and the biggest tenant "
+        f"(<code>{heaviest.tenant_id}</code>), run as a prepared statement: the custom plan "
+        "and the generic one, or one plan where both are alike</summary>",
         "",
     ]
     for kind in KINDS:
-        lines += [f"{kind.label}:", "", "```", plans[kind.label], "```", ""]
+        for label, plan in plans[kind.label]:
+            lines += [f"{kind.label} ({label}):", "", "```", plan, "```", ""]
     lines += [
         "</details>",
         "",
-        "Reproduce: `make bench-listing` (5,000,000 rows; about half an hour here, most of it "
-        "the build). `python benchmarks/bench_listing.py --keep` keeps the database and prints "
-        "how to time it again (`--reuse NAME`), e.g. after migrating it to another index "
-        "layout.",
+        "Reproduce: `make bench-listing` (build and timing; `ROWS=...` for another size). "
+        "`python benchmarks/bench_listing.py --keep` keeps the database and prints how to time "
+        "it again (`--reuse NAME`), e.g. after migrating it to another index layout.",
     ]
     return "\n".join(lines)
 
 
 def _rows_label(rows: int) -> str:
-    """5M for 5,000,000; the number itself unless it is a round million."""
-    return f"{rows // 1_000_000}M" if rows % 1_000_000 == 0 else f"{rows:,}"
+    """5M for 5,000,007 (within 1 % of a whole number of millions); else the number."""
+    millions = round(rows / 1_000_000)
+    if millions and abs(rows - millions * 1_000_000) <= rows / 100:
+        return f"{millions}M"
+    return f"{rows:,}"
 
 
 def _load(values: tuple[float, ...]) -> str:
@@ -761,6 +815,8 @@ def main() -> int:
         name = args.reuse or f"{PREFIX}{secrets.token_hex(4)}"
         url = url_with_database(database.url, name)
         keep = args.keep or bool(args.reuse)
+        if args.reuse and not uvloop.run(_count(database.url, DATABASE_EXISTS, name)):
+            parser.error(f"no database {name!r} on {database.redacted_url} to reuse")
         if not args.reuse:
             admin(database.url, f'CREATE DATABASE "{name}"')
         try:
@@ -783,7 +839,7 @@ def main() -> int:
                 _count(url, "SELECT count(DISTINCT tenant_id) FROM schedules")
             )
             timings = trio.run(time_listings, url, keys)
-            plans = uvloop.run(explain(url, keys, heaviest))
+            plans = uvloop.run(explain(url, heaviest))
             relations = uvloop.run(sizes(url))
         finally:
             if not keep:
@@ -813,10 +869,13 @@ async def _describe(url: str, build: Build) -> None:
         await connection.close()
 
 
-async def _count(url: str, query: str) -> int:
+DATABASE_EXISTS: Final = "SELECT count(*) FROM pg_database WHERE datname = $1"
+
+
+async def _count(url: str, query: str, *arguments: Any) -> int:
     connection = await asyncpg.connect(url)
     try:
-        value: int = await connection.fetchval(query)
+        value: int = await connection.fetchval(query, *arguments)
         return value
     finally:
         await connection.close()
