@@ -677,7 +677,7 @@ def report(
         built += ", timed again here (`--reuse`)"
     before, after = loads
     lines = [
-        f"## Listing queries on a {_rows_label(total)}-execution ledger "
+        f"## Listing queries on a {rows_label(total)}-execution ledger "
         "(`benchmarks/bench_listing.py`)",
         "",
         f"Machine: {machine()}; revision {revision()}; PostgreSQL on the same machine. "
@@ -744,14 +744,15 @@ def report(
     lines += [
         "</details>",
         "",
-        "Reproduce: `make bench-listing` (build and timing; `ROWS=...` for another size). "
+        "Reproduce: `make bench-listing` (build and timing; `LISTING_ARGS='--rows N'` for "
+        "another size). "
         "`python benchmarks/bench_listing.py --keep` keeps the database and prints how to time "
         "it again (`--reuse NAME`), e.g. after migrating it to another index layout.",
     ]
     return "\n".join(lines)
 
 
-def _rows_label(rows: int) -> str:
+def rows_label(rows: int) -> str:
     """5M for 5,000,007 (within 1 % of a whole number of millions); else the number."""
     millions = round(rows / 1_000_000)
     if millions and abs(rows - millions * 1_000_000) <= rows / 100:
