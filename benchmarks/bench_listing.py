@@ -26,11 +26,15 @@ today's on a ledger shaped like real history and keeps it for the comparison:
   and ``GET /v1/dead-letters``), called from trio through the bridge, page size 100 (the
   API's default), ``--samples`` times per kind over random keys (a uniformly random
   schedule; the tenant of another random schedule, so tenants are picked in proportion to
-  their schedules), the kinds interleaved. A deep page resumes from the cursor of the key's
-  row 90 % of the way through its history. p50 / p95 / p99 in ms per kind.
-* **plans**: ``EXPLAIN (ANALYZE, BUFFERS)`` of each kind once, for the busiest schedule and
-  the biggest tenant, run as the engine's prepared statement after five executions (so the
-  plan cache has chosen between a custom and a generic plan as it does for the engine).
+  their schedules), the kinds interleaved, on one pooled connection; ``--rounds`` times
+  (default 3) over the same keys. A deep page resumes from the cursor of the key's row 90 %
+  of the way through its history. p50 / p95 / p99 in ms per kind, each the median over the
+  rounds; and how many calls ran a custom plan and how many the generic one, read from the
+  connection's ``pg_prepared_statements`` (PostgreSQL plans a prepared statement for its
+  values five times, then settles on the generic plan if its estimate is no worse).
+* **plans**: ``EXPLAIN (ANALYZE, BUFFERS)`` of each kind, for the busiest schedule and the
+  biggest tenant, run as a prepared statement: its custom plan and its generic plan (one
+  when they are alike).
 * **sizes** of both tables and each of their indexes.
 
 ``--keep`` keeps the database; ``--reuse NAME`` times a kept one again without building
@@ -39,7 +43,7 @@ run writes its section of docs/benchmarks.md and docs/bench-results/bench_listin
 ``--quick`` (20,000 rows) and ``--no-docs`` write neither.
 
 Usage: python benchmarks/bench_listing.py [--quick] [--no-docs] [--rows N] [--samples K]
-       [--keep] [--reuse NAME] [--seed N]
+       [--rounds R] [--keep] [--reuse NAME] [--seed N]
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._report import machine, revision, write_results, write_section
+from benchmarks._report import machine, revision, summary, write_results, write_section
 from engine.core.hashing import partition_of
 from engine.ledger.common import encode_planned_cursor
 from engine.ledger.database import resolve_database, url_with_database
@@ -104,6 +108,9 @@ CREATE_BATCH: Final = 10_000
 PREFIX: Final = "carillon_listing_"
 DEAD = str(ExecutionStatus.DEAD_LETTER)
 QUEUED = str(ExecutionStatus.QUEUED)
+
+Timings = dict[str, list[float]]
+"""One round of timing: per kind, ms per call; and per kind, rows returned and plans run."""
 
 # --- the ledger's shape ------------------------------------------------------------------------
 
@@ -498,12 +505,12 @@ async def pick_keys(url: str, samples: int, seed: int) -> tuple[list[Key], Key]:
         await connection.close()
 
 
-async def time_listings(url: str, keys: list[Key]) -> dict[str, list[float]]:
+async def time_listings(url: str, keys: list[Key]) -> Timings:
     """Milliseconds per call of each kind, through ``PostgresLedger`` (the bridge, the pool,
     the prepared statements, the rows decoded), the kinds interleaved in a rotating order; a
     first round untimed. One pooled connection, so that its plan cache can be read after:
     how often each statement ran a custom plan and how often the generic one."""
-    timings: dict[str, list[float]] = {kind.label: [] for kind in KINDS}
+    timings: Timings = {kind.label: [] for kind in KINDS}
     rows: dict[str, int] = {kind.label: 0 for kind in KINDS}
     async with open_postgres_ledger(url, pool_max=1) as ledger:
         for n, key in enumerate([keys[0], *keys]):
@@ -653,7 +660,7 @@ def report(
     args: argparse.Namespace,
     name: str,
     build: Build,
-    timings: dict[str, list[float]],
+    rounds: list[Timings],
     plans: dict[str, list[tuple[str, str]]],
     relations: list[tuple[str, str, bool, int, str]],
     heaviest: Key,
@@ -695,25 +702,26 @@ def report(
         f"Each call is `PostgresLedger.executions_query` from trio (bridge, pooled connection, "
         f"prepared statement, rows decoded), page size {PAGE}, over {args.samples:,} random "
         "keys per kind (a random schedule; the tenant of another random schedule, so tenants "
-        "in proportion to their schedules), the kinds interleaved, on one pooled connection. "
-        f"A deep page resumes at the key's row {DEPTH:.0%} of the way through its listing. "
-        "ms per call; *plans* is how many of the calls ran a custom plan (made for the values) "
-        "and how many the generic one (read from `pg_prepared_statements` of that connection; "
-        "two kinds that differ only in the status filtered share one statement, and so "
-        "their counts):",
+        "in proportion to their schedules), the kinds interleaved, on one pooled connection, "
+        f"in {len(rounds)} round{'s' if len(rounds) > 1 else ''} over the same keys (a new "
+        "connection each). A deep page "
+        f"resumes at the key's row {DEPTH:.0%} of the way through its listing. ms per call: "
+        "each percentile's median over the rounds (min-max); *plans* is how many of the "
+        "calls of the first round ran a custom plan (made for the values) and how many the "
+        "generic one (read from `pg_prepared_statements` of that connection; two kinds that "
+        "differ only in the status filtered share one statement, and so their counts):",
         "",
-        "| kind | request | rows returned (mean) | p50 ms | p95 ms | p99 ms | max ms "
+        "| kind | request | rows returned (mean) | p50 ms | p95 ms | p99 ms "
         "| plans: custom / generic |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
+    first = rounds[0]
     for kind in KINDS:
-        samples = timings[kind.label]
-        returned = timings[f"{kind.label} rows"][0]
-        custom, generic = timings[f"{kind.label} plans"]
+        returned = first[f"{kind.label} rows"][0]
+        custom, generic = first[f"{kind.label} plans"]
+        cells = [_spread([percentile(r[kind.label], q) for r in rounds]) for q in (0.5, 0.95, 0.99)]
         lines.append(
-            f"| {kind.label} | `{kind.request}` | {returned:,.1f} "
-            f"| {percentile(samples, 0.5):.2f} | {percentile(samples, 0.95):.2f} "
-            f"| {percentile(samples, 0.99):.2f} | {max(samples):.2f} "
+            f"| {kind.label} | `{kind.request}` | {returned:,.1f} | {' | '.join(cells)} "
             f"| {custom:,.0f} / {generic:,.0f} |"
         )
     lines += [
@@ -760,18 +768,29 @@ def rows_label(rows: int) -> str:
     return f"{rows:,}"
 
 
+def _spread(samples: list[float]) -> str:
+    median, low, high = summary(samples)
+    return f"{median:.2f}" if low == high else f"{median:.2f} ({low:.2f}-{high:.2f})"
+
+
 def _load(values: tuple[float, ...]) -> str:
     return " / ".join(f"{value:.2f}" for value in values)
 
 
-def save_results(args: argparse.Namespace, total: int, timings: dict[str, list[float]]) -> None:
+def save_results(args: argparse.Namespace, total: int, rounds: list[Timings]) -> None:
+    """Each kind's percentiles, one value per round."""
     figures: dict[str, list[float]] = {}
     for kind in KINDS:
-        samples = timings[kind.label]
         slug = kind.label.replace(", ", "_").replace(" ", "_").replace("=", "_")
         for q in (0.5, 0.95, 0.99):
-            figures[f"{slug}_p{round(q * 100)}_ms"] = [percentile(samples, q)]
-    context = {"rows": total, "samples": args.samples, "page": PAGE, "depth": DEPTH}
+            figures[f"{slug}_p{round(q * 100)}_ms"] = [percentile(r[kind.label], q) for r in rounds]
+    context = {
+        "rows": total,
+        "samples": args.samples,
+        "rounds": len(rounds),
+        "page": PAGE,
+        "depth": DEPTH,
+    }
     write_results("bench_listing", figures, context)
 
 
@@ -797,17 +816,18 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=ROWS_DEFAULT)
     parser.add_argument("--schedules", type=int, help=f"default rows / {PER_SCHEDULE}")
     parser.add_argument("--tenants", type=int, help=f"default schedules / {PER_SCHEDULE}")
-    parser.add_argument("--samples", type=int, default=300, help="calls per kind")
+    parser.add_argument("--samples", type=int, default=300, help="calls per kind and round")
+    parser.add_argument("--rounds", type=int, default=3, help="timings of the same keys")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", action="store_true", help="keep the database")
     parser.add_argument("--reuse", metavar="NAME", help="time a kept database; no build")
     args = parser.parse_args()
     if args.quick:
-        args.rows, args.samples = ROWS_QUICK, 20
+        args.rows, args.samples, args.rounds = ROWS_QUICK, 20, 1
     args.schedules = args.schedules or max(args.rows // PER_SCHEDULE, 1)
     args.tenants = args.tenants or max(args.schedules // PER_SCHEDULE, 1)
-    if min(args.rows, args.schedules, args.tenants, args.samples) < 1:
-        parser.error("--rows, --schedules, --tenants and --samples must be positive")
+    if min(args.rows, args.schedules, args.tenants, args.samples, args.rounds) < 1:
+        parser.error("--rows, --schedules, --tenants, --samples and --rounds must be positive")
     if args.reuse and not args.reuse.startswith(PREFIX):
         parser.error(f"--reuse takes a database this benchmark kept ({PREFIX}...)")
     shape = Shape(args.rows, args.schedules, args.tenants, args.seed)
@@ -839,14 +859,17 @@ def main() -> int:
             args.tenants_built = uvloop.run(
                 _count(url, "SELECT count(DISTINCT tenant_id) FROM schedules")
             )
-            timings = trio.run(time_listings, url, keys)
+            rounds = []
+            for n in range(args.rounds):
+                rounds.append(trio.run(time_listings, url, keys))
+                print(f"  round {n + 1} of {args.rounds} timed", file=sys.stderr)
             plans = uvloop.run(explain(url, heaviest))
             relations = uvloop.run(sizes(url))
         finally:
             if not keep:
                 admin(database.url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         text = report(
-            args, name, build, timings, plans, relations, heaviest, (load_before, os.getloadavg())
+            args, name, build, rounds, plans, relations, heaviest, (load_before, os.getloadavg())
         )
         print(text)
         if keep:
@@ -858,7 +881,7 @@ def main() -> int:
             )
     if not (args.quick or args.no_docs):
         write_section("bench_listing", text)
-        save_results(args, total, timings)
+        save_results(args, total, rounds)
     return 0
 
 
