@@ -69,8 +69,9 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._report import machine, revision, summary, write_results, write_section
+from engine.api.endpoint import PAGE_SIZE_DEFAULT
 from engine.core.hashing import partition_of
-from engine.ledger.common import encode_planned_cursor
+from engine.ledger.common import decode_planned_cursor, encode_planned_cursor
 from engine.ledger.database import resolve_database, url_with_database
 from engine.ledger.params import ExecutionsQuery, SchedulesCreate, TaskTypesPut
 from engine.ledger.postgres import (
@@ -102,7 +103,8 @@ CLASSES: Final = (
 FUTURE_SHARE: Final = 0.005
 DEAD_PER_MILLE: Final = 5
 RETRIED_PER_MILLE: Final = 20
-PAGE: Final = 100
+PAGE: Final = PAGE_SIZE_DEFAULT
+"""The API's page size when a request names none."""
 DEPTH: Final = 0.9
 CREATE_BATCH: Final = 10_000
 PREFIX: Final = "carillon_listing_"
@@ -124,10 +126,9 @@ class Shape:
 
     @property
     def rate_per_min(self) -> float:
-        """Fires per minute of all the schedules together."""
-        return sum(
-            self.schedules * share / 50 / period for share, period, _ in CLASSES
-        )  # exact enough: the classes are i % 50
+        """Fires per minute of all the schedules together (a class's share is of every 50
+        schedules, so it is exact when ``schedules`` is a multiple of 50)."""
+        return sum(self.schedules * share / 50 / period for share, period, _ in CLASSES)
 
     @property
     def span_min(self) -> int:
@@ -557,8 +558,6 @@ def _literal(value: Any) -> str:
 def statement_of(query: ExecutionsQuery) -> tuple[str, list[str], list[Any]]:
     """The engine's statement for ``query`` (as ``executions_query`` builds it), its
     parameters' types and values."""
-    from engine.ledger.common import decode_planned_cursor
-
     after = None if query.cursor is None else decode_planned_cursor(query.cursor)
     types: list[str] = []
     values: list[Any] = []
