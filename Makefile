@@ -17,9 +17,10 @@ PROFILE_SCHEDULES ?= 200000
 PROFILE_OUT ?= docs/img/bench-burst-flame.svg
 REVS ?= HEAD~1 HEAD
 ROUNDS ?= 3
+LISTING_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test unit lint typecheck fmt run bench bench-peer bench-profile bench-compare bench-instructions clean chromium console-screenshots chaos chaos-quick gameday sim-long
+.PHONY: help install test unit lint typecheck fmt run bench bench-peer bench-listing bench-profile bench-compare bench-instructions clean chromium console-screenshots chaos chaos-quick gameday sim-long
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -80,6 +81,7 @@ sim-long: $(STAMP) ## Thousands of seeds of the deterministic simulator (docs/si
 bench: $(STAMP) ## Run the benchmarks; rewrite docs/benchmarks.md, docs/img/bench-*.png, docs/bench-results/
 	$(BIN)/python benchmarks/bench_cron.py
 	$(BIN)/python benchmarks/bench_ledger.py
+	$(BIN)/python benchmarks/bench_listing.py
 	$(BIN)/python benchmarks/bench_scale.py
 	$(BIN)/python benchmarks/bench_burst.py
 	$(BIN)/python benchmarks/bench_failover.py
@@ -90,6 +92,9 @@ bench: $(STAMP) ## Run the benchmarks; rewrite docs/benchmarks.md, docs/img/benc
 
 bench-peer: $(STAMP) ## The same burst on Carillon and on APScheduler 4 (its own .bench-peers/venv)
 	$(BIN)/python benchmarks/bench_peer.py
+
+bench-listing: $(STAMP) ## Execution listings on a 5M-execution ledger (LISTING_ARGS="--keep", "--reuse NAME")
+	$(BIN)/python benchmarks/bench_listing.py $(LISTING_ARGS)
 
 bench-profile: $(STAMP) ## py-spy flame graph of a one-node burst -> docs/img/bench-burst-flame.svg
 	$(BIN)/py-spy record --nonblocking --format flamegraph --output $(PROFILE_OUT) -- \

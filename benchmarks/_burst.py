@@ -143,12 +143,20 @@ SUCCEEDED: Final = """
 SELECT count(*) FROM executions WHERE planned_at = $1 AND status = 'succeeded'
 """
 
+WAL_POSITION: Final = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"
+"""The server's write-ahead log position in bytes: the difference of two readings is the WAL
+written between them. The server's, not the database's: whatever else writes to the server
+meanwhile (another database's tests, a checkpoint's full-page images) counts too, so on a
+shared server the figure is an upper bound."""
+
 
 async def _poll(url: str, n: int, burst_at: datetime, timeout_s: float) -> dict[str, float]:
     connection = await asyncpg.connect(url)
     peak_rss, succeeded = rss_mb(), 0
+    figures: dict[str, float] = {}
     try:
         await asyncio.sleep(max((burst_at - datetime.now(UTC)).total_seconds(), 0.0))
+        wal_at_t = await connection.fetchval(WAL_POSITION)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             peak_rss = max(peak_rss, rss_mb())
@@ -157,14 +165,19 @@ async def _poll(url: str, n: int, burst_at: datetime, timeout_s: float) -> dict[
                 if succeeded >= n:
                     break
             await asyncio.sleep(POLL_S)
+        if succeeded >= n:
+            wal_bytes = await connection.fetchval(WAL_POSITION) - wal_at_t
+            figures["wal_per_execution_b"] = wal_bytes / n
     finally:
         await connection.close()
-    return {"peak_rss_mb": peak_rss}
+    return figures | {"peak_rss_mb": peak_rss}
 
 
 def poll_until_succeeded(url: str, n: int, burst_at: datetime, timeout_s: float) -> dict[str, Any]:
     """Runs in its own thread and uvloop loop: from T, poll every 0.5 s until all N have
-    succeeded or ``timeout_s`` has passed; samples this process's RSS meanwhile."""
+    succeeded or ``timeout_s`` has passed; samples this process's RSS meanwhile. With all N
+    succeeded, also the WAL the server wrote per execution from T until it saw them all
+    (``wal_per_execution_b``, :data:`WAL_POSITION`)."""
     return uvloop.run(_poll(url, n, burst_at, timeout_s))
 
 

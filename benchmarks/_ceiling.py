@@ -26,7 +26,7 @@ from typing import Final
 
 import asyncpg
 
-from benchmarks._burst import schedule_ids, tenant_of
+from benchmarks._burst import WAL_POSITION, schedule_ids, tenant_of
 from engine.actors.completions import BATCH_MAX_DEFAULT as COMPLETE_BATCH_MAX
 from engine.actors.dispatcher import CLAIM_BATCH_DEFAULT
 from engine.config import ATTEMPT_LEASE_S_DEFAULT
@@ -85,7 +85,8 @@ def _ceiling_batches(
 
 
 async def ceiling(url: str, n: int, burst_at: datetime) -> dict[str, float]:
-    """The ceiling's rows/s for the whole cycle and for claim + complete alone."""
+    """The ceiling's rows/s and WAL bytes per row for the whole cycle and for claim +
+    complete alone (the WAL of the timed loops only, not of the ANALYZE between them)."""
     batches = _ceiling_batches(n, burst_at)
     connection = await asyncpg.connect(url)
     try:
@@ -93,11 +94,13 @@ async def ceiling(url: str, n: int, burst_at: datetime) -> dict[str, float]:
         await connection.execute("TRUNCATE executions, execution_attempts")
         await connection.execute("VACUUM ANALYZE executions, execution_attempts")
         seconds: dict[str, float] = {}
+        wal: dict[str, int] = {}
         for phase in ("insert", "claim", "complete"):
             if phase != "insert":
                 # Untimed: the planner's view of the table as it now is (module docstring).
                 await connection.execute("ANALYZE executions")
             done = 0
+            wal_before = await connection.fetchval(WAL_POSITION)
             started = time.perf_counter()
             for exec_ids, sids, tenants, parts in batches:
                 if phase == "insert":
@@ -110,6 +113,7 @@ async def ceiling(url: str, n: int, burst_at: datetime) -> dict[str, float]:
                     tag = await connection.execute(CEILING_COMPLETE, exec_ids, [1] * len(exec_ids))
                 done += int(tag.rsplit(" ", 1)[1])
             seconds[phase] = time.perf_counter() - started
+            wal[phase] = await connection.fetchval(WAL_POSITION) - wal_before
             if done != n:
                 raise RuntimeError(f"ceiling {phase}: {done} rows of {n}")
     finally:
@@ -118,6 +122,8 @@ async def ceiling(url: str, n: int, burst_at: datetime) -> dict[str, float]:
     return {
         "ceiling_cycle_per_s": n / cycle,
         "ceiling_claim_complete_per_s": n / (seconds["claim"] + seconds["complete"]),
+        "ceiling_cycle_wal_b": sum(wal.values()) / n,
+        "ceiling_claim_complete_wal_b": (wal["claim"] + wal["complete"]) / n,
     }
 
 
@@ -182,8 +188,8 @@ async def same_design_ceiling(url: str, n: int, burst_at: datetime) -> dict[str,
     """Claim + complete rows/s of the engine's own statements (``EXECUTIONS_CLAIM`` and
     ``EXECUTIONS_COMPLETE``, parameters encoded as the ledger encodes them) in a bare loop:
     claims of the dispatcher's largest batch, completions of the completion writer's, one
-    connection, no trio, no bridge, no node. Every row is claimed and completed exactly once,
-    or this raises."""
+    connection, no trio, no bridge, no node; and the WAL it wrote per row. Every row is
+    claimed and completed exactly once, or this raises."""
     ids = [execution_id(sid, burst_at) for sid in schedule_ids(n)]
     ids.sort()  # the engine claims in due order: (planned_at, execution_id), one instant here
     connection = await asyncpg.connect(url)
@@ -193,6 +199,7 @@ async def same_design_ceiling(url: str, n: int, burst_at: datetime) -> dict[str,
         tokens = {row["partition_id"]: row["fencing_token"] for row in rows}
         lease_s = ATTEMPT_LEASE_S_DEFAULT
         claimed = completed = 0
+        wal_before = await connection.fetchval(WAL_POSITION)
         started = time.perf_counter()
         for i in range(0, n, SAME_DESIGN_COMPLETE_BATCH):
             chunk = ids[i : i + SAME_DESIGN_COMPLETE_BATCH]
@@ -217,18 +224,19 @@ async def same_design_ceiling(url: str, n: int, burst_at: datetime) -> dict[str,
             )
             completed += sum(1 for row in got if row[2] is not None)
         seconds = time.perf_counter() - started
+        wal_bytes = await connection.fetchval(WAL_POSITION) - wal_before
     finally:
         await connection.close()
     if claimed != n or completed != n:
         raise RuntimeError(f"same-design ceiling: {claimed} claimed, {completed} completed of {n}")
-    return {"same_design_per_s": n / seconds}
+    return {"same_design_per_s": n / seconds, "same_design_wal_b": wal_bytes / n}
 
 
 async def physical_reference(url: str, n: int, burst_at: datetime) -> dict[str, float]:
     """Rows/s of the burst's execution rows written once by binary COPY (asyncpg's
     ``copy_records_to_table``) into a table shaped like ``executions`` with no index and no
     key, in batches of ``CEILING_BATCH``, each its own transaction, ``synchronous_commit`` as
-    the server has it."""
+    the server has it; and the WAL it wrote per row."""
     connection = await asyncpg.connect(url)
     try:
         await connection.execute(
@@ -244,16 +252,18 @@ async def physical_reference(url: str, n: int, burst_at: datetime) -> dict[str, 
             ]
             for batch in batches
         ]
+        wal_before = await connection.fetchval(WAL_POSITION)
         started = time.perf_counter()
         for rows in records:
             await connection.copy_records_to_table(
                 REFERENCE_TABLE, records=rows, columns=REFERENCE_COLUMNS
             )
         seconds = time.perf_counter() - started
+        wal_bytes = await connection.fetchval(WAL_POSITION) - wal_before
         written = await connection.fetchval(f"SELECT count(*) FROM {REFERENCE_TABLE}")
         await connection.execute(f"DROP TABLE {REFERENCE_TABLE}")
     finally:
         await connection.close()
     if written != n:
         raise RuntimeError(f"physical reference: {written} rows of {n}")
-    return {"physical_per_s": n / seconds}
+    return {"physical_per_s": n / seconds, "physical_wal_b": wal_bytes / n}

@@ -131,7 +131,9 @@ def carillon_burst(
         processes = start_nodes(url, k, logs, name=f"carillon-{k}")
         result["balanced"] = uvloop.run(_balanced_before(url, k, burst_at))
         result["balanced_lead_s"] = (burst_at - datetime.now(UTC)).total_seconds()
-        poll_until_succeeded(url, n, burst_at, timeout_s)
+        polled = poll_until_succeeded(url, n, burst_at, timeout_s)
+        if "wal_per_execution_b" in polled:  # the nodes' RSS is theirs, not the poller's
+            result["wal_per_execution_b"] = polled["wal_per_execution_b"]
         result["rss_mb"] = [peak_rss_mb(process.pid) for process in processes]
         stop_nodes(processes)
         figures = uvloop.run(ledger_figures(url, n, burst_at, timeout_s))

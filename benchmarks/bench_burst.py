@@ -27,7 +27,10 @@ the first tenant's last start) with each tenant's share of its starts and Jain's
 share / weight share, peak RSS, duplicates (must be 0); the starts per second since T. For
 the one-node variants that are not paced, the CPU each execution cost from T until all had
 succeeded, in this process and in PostgreSQL (``benchmarks/_cpu.py``), and the rate the
-machine's cores would allow at that cost.
+machine's cores would allow at that cost. For every variant whose executions all succeeded,
+the WAL the server wrote per execution over the same window (``pg_current_wal_lsn()`` at T
+and when the poller saw them all, ``_burst.WAL_POSITION``): the server's whole WAL, so
+another database's writes meanwhile count too.
 
 In the same run, after the first variant, the raw ceiling for the same ledger writes: plain
 asyncpg on a uvloop loop (no trio, no bridge, no engine), the executions table emptied and
@@ -39,7 +42,8 @@ the engine's end-to-end rate (the engine plans before T, so claim + complete alo
 too). Then two bounds from either side (``benchmarks/_ceiling.py``): the same-design ceiling,
 the engine's own claim and complete statements in a bare loop at its largest batches (after T
 against the engine's after T), and the physical reference, the same rows written once by
-binary COPY into a table with no index.
+binary COPY into a table with no index. Each of these reports its WAL per row as well (its
+timed loops only).
 
 Targets: issue #5, >= 10,000 executions/s end to end with zero duplicates; issue #8, >= 20,000
 executions/s end to end (32 workers, smoothing off), >= 50% of the raw ceiling measured in the
@@ -251,9 +255,12 @@ ROWS: Final = (
     ("CPU per execution after T, node process (µs)", "node_cpu_us", 0),
     ("CPU per execution after T, PostgreSQL (µs)", "postgres_cpu_us", 0),
     ("executions/s the cores allow at that CPU cost", "cpu_bound_per_s", 0),
+    ("WAL per execution after T, the whole server (bytes)", "wal_per_execution_b", 0),
     ("duplicates", "duplicates", 0),
     ("raw ceiling rows/s, insert+claim+complete", "ceiling_cycle_per_s", 0),
     ("raw ceiling rows/s, claim+complete", "ceiling_claim_complete_per_s", 0),
+    ("raw ceiling WAL per row, insert+claim+complete (bytes)", "ceiling_cycle_wal_b", 0),
+    ("raw ceiling WAL per row, claim+complete (bytes)", "ceiling_claim_complete_wal_b", 0),
     ("engine / ceiling (cycle)", "ratio", 2),
     (
         "same-design ceiling rows/s, the engine's claim+complete in a bare loop",
@@ -261,8 +268,10 @@ ROWS: Final = (
         0,
     ),
     ("engine / same-design ceiling (after T)", "same_design_ratio", 2),
+    ("same-design ceiling WAL per row (bytes)", "same_design_wal_b", 0),
     ("physical reference rows/s, binary COPY into an unindexed table", "physical_per_s", 0),
     ("engine / physical reference", "physical_ratio", 3),
+    ("physical reference WAL per row (bytes)", "physical_wal_b", 0),
 )
 
 
@@ -486,6 +495,12 @@ def report(
         f"the same N rows once, by binary COPY in batches of {CEILING_BATCH:,}, into a table "
         "shaped like `executions` with no index and no key: what this machine's PostgreSQL "
         "stores per second with none of our design in the way.",
+        "",
+        "WAL per execution (or per row) is the difference of `pg_current_wal_lsn()` over the "
+        "window measured (after T for the engine, from T until the poller saw every execution "
+        "succeed; the timed loops for the references) divided by N. It is the server's WAL, "
+        "not the database's: on a shared server another session's writes meanwhile count too, "
+        "so read it as an upper bound, and the lowest run as the closest.",
     ]
     if FLAME.exists():
         lines += [
@@ -539,6 +554,10 @@ def save_results(args: argparse.Namespace, variants: list[Variant], results: Res
         "same_design_ratio": [r["same_design_ratio"] for r in base if "ratio" in r],
         "physical_per_s": [r["physical_per_s"] for r in base if "ratio" in r],
         "physical_ratio": [r["physical_ratio"] for r in base if "ratio" in r],
+        "wal_per_execution_b": [
+            r["wal_per_execution_b"] for r in base if "wal_per_execution_b" in r
+        ],
+        "same_design_wal_b": [r["same_design_wal_b"] for r in base if "ratio" in r],
         "duplicates": [sum(r["duplicates"] for r in run) for run in per_run],
         "lead_s": [min(r["lead_s"] for r in run) for run in per_run],
     }
