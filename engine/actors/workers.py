@@ -50,6 +50,7 @@ import functools
 import logging
 import traceback
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, TypeGuard, TypeVar
 
 import msgspec
@@ -60,7 +61,7 @@ from engine.actors.attempts import Attempt, Room
 from engine.actors.context import NodeContext
 from engine.actors.retry import call_fenced, retry_unavailable
 from engine.actors.schedule_cache import UNCACHED, ScheduleCache
-from engine.actors.task_kinds import BLOCKING_KINDS, CALLING_OUT_KINDS, TaskKinds
+from engine.actors.task_kinds import BLOCKING_KINDS, CALLING_OUT_KINDS, TaskKind, TaskKinds
 from engine.config import BLOCKING_WORKERS_DEFAULT, WORKERS_DEFAULT
 from engine.core.retry_policy import ATTEMPT_OVERRUN_S, Decision, RetryPolicy, decide
 from engine.errors import CarillonError
@@ -88,6 +89,10 @@ T = TypeVar("T")
 
 TIMEOUT_GRACE_S: Final = ATTEMPT_OVERRUN_S
 """Extra time a handler gets beyond its task type's timeout before the worker abandons it."""
+INLINE_BATCH_MAX: Final = 64
+"""Most inline attempts a worker takes in one turn: enough that the per-turn costs (a channel
+receive, a cancel scope, a trip through trio's run loop) are a few percent of the batch's,
+few enough that the others waiting see the worker come round within a millisecond."""
 HANDOFF_MAX_DEFAULT: Final = 1_000
 """Two claim batches: one being claimed while the workers still hold the other."""
 HANDOFF_WAIT_S_DEFAULT: Final = 1.0
@@ -110,6 +115,11 @@ _OUTCOMES: Final = {str(outcome): outcome for outcome in Outcome}
 _SUCCEEDED: Final = Decision("succeeded")
 _SETUP_FAILED_POLICY: Final = RetryPolicy()
 """The retry policy of an attempt whose task type could not be read or built."""
+
+
+_Turn = tuple[list[Attempt], list[TaskKind] | None]
+"""What a worker takes at once: an attempt alone (no kinds), or a batch of inline attempts
+with their task kinds."""
 
 
 class _Unavailable(Exception):
@@ -193,9 +203,13 @@ class WorkerPool:
         # Plain python callables run in trio's worker threads: enough for every blocking slot.
         threads = trio.to_thread.current_default_thread_limiter()
         threads.total_tokens = max(threads.total_tokens, self.config.blocking_workers)
+        # Sized as the claimed channel: every attempt the room lets in fits, so the hand-out
+        # never waits on it.
+        give, take = trio.open_memory_channel[_Turn](self._room.sizer.capacity_max)
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._hand_out, claimed, give)
             for _ in range(self.config.workers):
-                nursery.start_soon(self._worker, claimed, completed)
+                nursery.start_soon(self._worker, take, completed)
             nursery.start_soon(self._renew_loop)
             task_status.started()
 
@@ -217,26 +231,244 @@ class WorkerPool:
 
     # -- running ------------------------------------------------------------------------------
 
-    async def _worker(
+    async def _hand_out(
         self,
         claimed: trio.MemoryReceiveChannel[Attempt],
+        turns: trio.MemorySendChannel[_Turn],
+    ) -> None:
+        """Pass the claimed attempts on to the workers, a turn each: an attempt alone, or up
+        to :data:`INLINE_BATCH_MAX` inline attempts that came one after another.
+
+        One task receives from the claimers, so that what they send while it runs waits in
+        the channel and is taken in one go. (Had every idle worker waited on that channel,
+        trio would have handed each attempt straight to a worker of its own: a burst of
+        noops ran in batches of one.)"""
+        receive_nowait = claimed.receive_nowait
+        batch: list[Attempt] = []
+        kinds: list[TaskKind] = []
+        try:
+            async for attempt in claimed:
+                now = self._clock.monotonic()
+                while True:
+                    kind = self._inline_kind(attempt, now)
+                    if kind is None:
+                        if batch:
+                            await self._give(turns, (batch, kinds))
+                            batch, kinds = [], []
+                        await self._give(turns, ([attempt], None))
+                    else:
+                        batch.append(attempt)
+                        kinds.append(kind)
+                        if len(batch) == INLINE_BATCH_MAX:
+                            await self._give(turns, (batch, kinds))
+                            batch, kinds = [], []
+                    try:
+                        attempt = receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                if batch:
+                    await self._give(turns, (batch, kinds))
+                    batch, kinds = [], []
+        finally:
+            for attempt in batch:
+                attempt.close()
+
+    @staticmethod
+    async def _give(turns: trio.MemorySendChannel[_Turn], turn: _Turn) -> None:
+        try:
+            turns.send_nowait(turn)
+        except trio.WouldBlock:
+            try:
+                await turns.send(turn)
+            except BaseException:
+                for attempt in turn[0]:  # not sent: nobody else will close them
+                    attempt.close()
+                raise
+
+    async def _worker(
+        self,
+        turns: trio.MemoryReceiveChannel[_Turn],
         completed: trio.MemorySendChannel[Attempt],
     ) -> None:
-        async for attempt in claimed:
-            passed_on = False
-            try:
-                if attempt.abandoned:
-                    continue  # given up while it waited: it never starts
-                if await self._execute(attempt):
-                    attempt.run_ended()  # before the completion waits for room
-                    try:
-                        completed.send_nowait(attempt)
-                    except trio.WouldBlock:
-                        await completed.send(attempt)
-                    passed_on = True
-            finally:
-                if not passed_on:
+        async for attempts, kinds in turns:
+            if kinds is None:
+                await self._run_one(attempts[0], completed)
+            else:
+                await self._run_inline(attempts, kinds, completed)
+
+    def _inline_kind(self, attempt: Attempt, now: float) -> TaskKind | None:
+        """The cached task kind of ``attempt`` if it may run in an inline batch: its handler
+        is inline, and tracing is off (an attempt span is per attempt: the one-by-one path
+        keeps them as they were)."""
+        if self._tracing is not None:
+            return None
+        kind = self._kinds.cached(attempt.item.task_type, now)
+        return kind if kind is not None and kind.inline else None
+
+    async def _run_one(self, attempt: Attempt, completed: trio.MemorySendChannel[Attempt]) -> None:
+        """Run ``attempt`` alone, and hand it on (or close it)."""
+        passed_on = False
+        try:
+            if attempt.abandoned:
+                return  # given up while it waited: it never starts
+            if await self._execute(attempt):
+                attempt.run_ended()  # before the completion waits for room
+                try:
+                    completed.send_nowait(attempt)
+                except trio.WouldBlock:
+                    await completed.send(attempt)
+                passed_on = True
+        finally:
+            if not passed_on:
+                attempt.close()
+
+    async def _run_inline(
+        self,
+        batch: list[Attempt],
+        kinds: list[TaskKind],
+        completed: trio.MemorySendChannel[Attempt],
+    ) -> None:
+        """Run a batch of inline attempts one after another in
+        one cancel scope, and hand their completions on; see the module docstring.
+
+        Per attempt, as :meth:`_execute` does: the abandonment and start checks, the start
+        delay, the wall around the handler, the duration and the completion. What needs a
+        read (a schedule not cached, or cached as gone) and what comes after the scope was
+        cancelled (its deadline, an abandonment) runs alone afterwards. Every attempt of the
+        batch is handed on, run alone or closed exactly once, whatever ends the batch."""
+        gone: set[int] = set()
+        """The ids of the attempts no longer this batch's to close (handed on, run alone)."""
+        done: list[Attempt] = []
+        """Run, their run resources given back: to hand on."""
+        alone: list[Attempt] = []
+        """To run one by one after the batch."""
+        running: Attempt | None = None
+        ran: object = None
+        started = 0
+        try:
+            monotonic = self._clock.monotonic
+            now = monotonic()
+            monitor_now = self._monitor.now()
+            delays: dict[datetime, float] = {}
+            started_at = trio.current_time()
+            grace = TIMEOUT_GRACE_S
+            deadline = started_at + min(kind.task_type.timeout_s for kind in kinds) + grace
+            run_started = now
+            with trio.CancelScope(deadline=deadline) as scope:
+                for index, attempt in enumerate(batch):
+                    if scope.cancel_called:
+                        alone += batch[index:]  # the scope is spent: the rest runs alone
+                        break
+                    started = index + 1
+                    if attempt.abandoned:
+                        attempt.close()  # given up while it waited: it never starts
+                        continue
+                    execution = attempt.item
+                    kind = kinds[index]
+                    if not kind.task_type.usable_by(execution.tenant_id):
+                        self._finish(attempt, self._unavailable(execution), kind, 0.0)
+                        done.append(attempt)
+                        continue
+                    schedule = self._schedules.cached(execution.schedule_id, now)
+                    if schedule is UNCACHED or not _runs_under(schedule, execution):
+                        alone.append(attempt)  # a read first: alone, after the batch
+                        continue
+                    why_not = self._why_not_start(attempt, run_started)
+                    if why_not is not None:
+                        self._abandon(attempt, why_not)
+                        attempt.close()
+                        continue
+                    planned_at = execution.planned_at
+                    delay_s = delays.get(planned_at)
+                    if delay_s is None:
+                        delay_s = delays[planned_at] = (monitor_now - planned_at).total_seconds()
+                    self._metrics.execution_started(execution, delay_s)
+                    timeout_s = kind.task_type.timeout_s
+                    if run_started >= started_at + timeout_s + grace:
+                        ran = None  # its deadline passed before its turn came
+                    else:
+                        context = ExecutionContext(
+                            execution_id=execution.execution_id,
+                            schedule_id=execution.schedule_id,
+                            tenant_id=execution.tenant_id,
+                            task_type=execution.task_type,
+                            planned_at=planned_at,
+                            attempt=execution.attempt,
+                            fencing_token=execution.fencing_token or 0,
+                            payload=schedule.payload,
+                        )
+                        running = attempt
+                        attempt.scope = scope
+                        self._busy += 1
+                        try:
+                            ran = await kind.handler.run(context)
+                        except BaseException as error:  # the wall: see the module docstring
+                            if is_cancellation(error):
+                                raise
+                            ran = self._crashed(attempt, error)
+                        finally:
+                            self._busy -= 1
+                            attempt.scope = None
+                        running = None
+                    ended = monotonic()
+                    if self._ran(attempt, ran, kind, run_started, ended):
+                        done.append(attempt)
+                    run_started = ended
+            if running is not None:
+                # The scope's deadline (the handler broke its word) or an abandonment
+                # stopped it in the middle of its run; what was not reached runs alone.
+                if self._ran(running, None, kinds[started - 1], run_started, monotonic()):
+                    done.append(running)
+                alone += batch[started:]
+            for attempt in done:
+                try:
+                    completed.send_nowait(attempt)
+                except trio.WouldBlock:
+                    await completed.send(attempt)  # sent, or cancelled and not sent
+                gone.add(id(attempt))
+            for attempt in alone:
+                gone.add(id(attempt))
+                await self._run_one(attempt, completed)
+        finally:
+            for attempt in batch:
+                if id(attempt) not in gone:
                     attempt.close()
+
+    def _ran(
+        self, attempt: Attempt, ran: object, kind: TaskKind, run_started: float, ended: float
+    ) -> bool:
+        """Account for an inline attempt's run (``ran``: what its handler returned, ``None``
+        for its deadline): its completion attached and its run resources given back, or,
+        abandoned meanwhile, closed. Whether it has a completion to hand on."""
+        if ran is not None and not isinstance(ran, HandlerResult):
+            ran = self._crashed(attempt, TypeError(f"the handler returned {ran!r}"))
+        elif attempt.abandoned:
+            attempt.close()  # abandoned while it ran: the attempt that replaced it counts
+            return False
+        timeout_s = kind.task_type.timeout_s
+        if ran is None:
+            ran = HandlerResult.transient(
+                "timeout", f"the handler did not return within {timeout_s:g} s"
+            )
+        assert isinstance(ran, HandlerResult)
+        ran_s = ended - run_started
+        self._room.observe(ran_s, timeout_s)
+        self._finish(attempt, ran, kind, ran_s)
+        return True
+
+    def _finish(
+        self, attempt: Attempt, result: HandlerResult, kind: TaskKind, ran_s: float
+    ) -> None:
+        """Attach ``attempt``'s completion and give back its run resources."""
+        attempt.completion = self._complete(attempt, result, kind.policy, ran_s)
+        attempt.run_ended()
+
+    def _unavailable(self, execution: Execution) -> HandlerResult:
+        message = (
+            f"task type {execution.task_type!r} is not available to tenant {execution.tenant_id!r}"
+        )
+        log.error("execution %s cannot run: %s", execution.execution_id, message)
+        return HandlerResult.permanent(TASK_TYPE_UNAVAILABLE, message)
 
     async def _execute(self, attempt: Attempt) -> bool:
         """Run one attempt; whether it has a completion to write (an abandoned attempt has
