@@ -113,6 +113,8 @@ after it was queued): it fails for good without running."""
 """The ``error_code`` of an attempt whose handler raised instead of returning a result."""
 _OUTCOMES: Final = {str(outcome): outcome for outcome in Outcome}
 _SUCCEEDED: Final = Decision("succeeded")
+_SUCCEEDED_RESULT: Final = HandlerResult.succeeded()
+"""The one success every handler returns (``HandlerResult.succeeded()``)."""
 _SETUP_FAILED_POLICY: Final = RetryPolicy()
 """The retry policy of an attempt whose task type could not be read or built."""
 
@@ -161,6 +163,8 @@ class WorkerStatistics(msgspec.Struct, frozen=True):
     """Attempts given up because this node no longer held them."""
     crashed: int = 0
     """Attempts whose handler raised instead of returning (``handler_crashed``)."""
+    inline_batches: int = 0
+    """Turns in which a worker ran a batch of inline attempts (see the module docstring)."""
 
 
 class WorkerPool:
@@ -191,7 +195,7 @@ class WorkerPool:
         self._blocking = trio.CapacityLimiter(config.blocking_workers)
         self._busy = 0
         self._finished: dict[str, int] = {}
-        self._counts = {"renewed": 0, "abandoned": 0, "crashed": 0}
+        self._counts = {"renewed": 0, "abandoned": 0, "crashed": 0, "inline_batches": 0}
 
     async def run(
         self,
@@ -227,6 +231,7 @@ class WorkerPool:
             renewed=self._counts["renewed"],
             abandoned=self._counts["abandoned"],
             crashed=self._counts["crashed"],
+            inline_batches=self._counts["inline_batches"],
         )
 
     # -- running ------------------------------------------------------------------------------
@@ -328,45 +333,50 @@ class WorkerPool:
         kinds: list[TaskKind],
         completed: trio.MemorySendChannel[Attempt],
     ) -> None:
-        """Run a batch of inline attempts one after another in
-        one cancel scope, and hand their completions on; see the module docstring.
+        """Run a batch of inline attempts one after another in one cancel scope, and hand
+        their completions on; see the module docstring.
 
         Per attempt, as :meth:`_execute` does: the abandonment and start checks, the start
-        delay, the wall around the handler, the duration and the completion. What needs a
-        read (a schedule not cached, or cached as gone) and what comes after the scope was
+        delay, the wall around the handler, the duration and the completion; the metrics of
+        the batch's starts and successes are added once, at its end. What needs a read (a
+        schedule not cached, or cached as gone) and what was not reached when the scope was
         cancelled (its deadline, an abandonment) runs alone afterwards. Every attempt of the
         batch is handed on, run alone or closed exactly once, whatever ends the batch."""
+        self._counts["inline_batches"] += 1
         gone: set[int] = set()
         """The ids of the attempts no longer this batch's to close (handed on, run alone)."""
         done: list[Attempt] = []
         """Run, their run resources given back: to hand on."""
         alone: list[Attempt] = []
         """To run one by one after the batch."""
+        started: list[Execution] = []
+        delays: list[float] = []
+        succeeded: dict[str, list[float]] = {}
+        """The durations of the successes, by task type."""
         running: Attempt | None = None
-        ran: object = None
-        started = 0
+        reached = 0
         try:
             monotonic = self._clock.monotonic
-            now = monotonic()
+            observe = self._room.observe
+            now = run_started = monotonic()
             monitor_now = self._monitor.now()
-            delays: dict[datetime, float] = {}
+            delay_at: dict[datetime, float] = {}
             started_at = trio.current_time()
             grace = TIMEOUT_GRACE_S
             deadline = started_at + min(kind.task_type.timeout_s for kind in kinds) + grace
-            run_started = now
             with trio.CancelScope(deadline=deadline) as scope:
-                for index, attempt in enumerate(batch):
-                    if scope.cancel_called:
-                        alone += batch[index:]  # the scope is spent: the rest runs alone
-                        break
-                    started = index + 1
+                for attempt in batch:
+                    reached += 1
                     if attempt.abandoned:
                         attempt.close()  # given up while it waited: it never starts
                         continue
                     execution = attempt.item
-                    kind = kinds[index]
-                    if not kind.task_type.usable_by(execution.tenant_id):
-                        self._finish(attempt, self._unavailable(execution), kind, 0.0)
+                    kind = kinds[reached - 1]
+                    task_type = kind.task_type
+                    if not task_type.usable_by(execution.tenant_id):
+                        result = self._unavailable(execution)
+                        attempt.completion = self._complete(attempt, result, kind.policy, 0.0)
+                        attempt.run_ended()
                         done.append(attempt)
                         continue
                     schedule = self._schedules.cached(execution.schedule_id, now)
@@ -379,14 +389,14 @@ class WorkerPool:
                         attempt.close()
                         continue
                     planned_at = execution.planned_at
-                    delay_s = delays.get(planned_at)
+                    delay_s = delay_at.get(planned_at)
                     if delay_s is None:
-                        delay_s = delays[planned_at] = (monitor_now - planned_at).total_seconds()
-                    self._metrics.execution_started(execution, delay_s)
-                    timeout_s = kind.task_type.timeout_s
-                    if run_started >= started_at + timeout_s + grace:
-                        ran = None  # its deadline passed before its turn came
-                    else:
+                        delay_s = delay_at[planned_at] = (monitor_now - planned_at).total_seconds()
+                    started.append(execution)
+                    delays.append(delay_s)
+                    timeout_s = task_type.timeout_s
+                    ran: object = None
+                    if run_started < started_at + timeout_s + grace:  # else: its deadline passed
                         context = ExecutionContext(
                             execution_id=execution.execution_id,
                             schedule_id=execution.schedule_id,
@@ -411,15 +421,31 @@ class WorkerPool:
                             attempt.scope = None
                         running = None
                     ended = monotonic()
-                    if self._ran(attempt, ran, kind, run_started, ended):
+                    if ran is _SUCCEEDED_RESULT and not attempt.abandoned:
+                        # The common case, written out: what _ran() does for a success.
+                        ran_s = ended - run_started
+                        observe(ran_s, timeout_s)
+                        durations = succeeded.get(execution.task_type)
+                        if durations is None:
+                            durations = succeeded[execution.task_type] = []
+                        durations.append(ran_s)
+                        attempt.completion = Completion(
+                            execution.execution_id, execution.attempt, Outcome.SUCCEEDED
+                        )
+                        attempt.run_ended()
+                        done.append(attempt)
+                    elif self._ran(attempt, ran, kind, run_started, ended):
                         done.append(attempt)
                     run_started = ended
             if running is not None:
                 # The scope's deadline (the handler broke its word) or an abandonment
                 # stopped it in the middle of its run; what was not reached runs alone.
-                if self._ran(running, None, kinds[started - 1], run_started, monotonic()):
+                if self._ran(running, None, kinds[reached - 1], run_started, monotonic()):
                     done.append(running)
-                alone += batch[started:]
+                alone += batch[reached:]
+        finally:
+            self._counted(started, delays, succeeded)
+        try:
             for attempt in done:
                 try:
                     completed.send_nowait(attempt)
@@ -433,6 +459,18 @@ class WorkerPool:
             for attempt in batch:
                 if id(attempt) not in gone:
                     attempt.close()
+
+    def _counted(
+        self, started: list[Execution], delays: list[float], succeeded: dict[str, list[float]]
+    ) -> None:
+        """The metrics of an inline batch's starts and successes, added at once."""
+        if started:
+            self._metrics.executions_started_each(started, delays)
+        for task_type, durations in succeeded.items():
+            self._metrics.executions_finished_each(task_type, _SUCCEEDED.outcome, durations)
+            self._finished[_SUCCEEDED.outcome] = self._finished.get(_SUCCEEDED.outcome, 0) + len(
+                durations
+            )
 
     def _ran(
         self, attempt: Attempt, ran: object, kind: TaskKind, run_started: float, ended: float
@@ -453,15 +491,9 @@ class WorkerPool:
         assert isinstance(ran, HandlerResult)
         ran_s = ended - run_started
         self._room.observe(ran_s, timeout_s)
-        self._finish(attempt, ran, kind, ran_s)
-        return True
-
-    def _finish(
-        self, attempt: Attempt, result: HandlerResult, kind: TaskKind, ran_s: float
-    ) -> None:
-        """Attach ``attempt``'s completion and give back its run resources."""
-        attempt.completion = self._complete(attempt, result, kind.policy, ran_s)
+        attempt.completion = self._complete(attempt, ran, kind.policy, ran_s)
         attempt.run_ended()
+        return True
 
     def _unavailable(self, execution: Execution) -> HandlerResult:
         message = (
