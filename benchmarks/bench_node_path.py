@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 import types
+from collections import Counter
 from collections.abc import Callable, Generator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -66,13 +67,13 @@ class LedgerTimer:
 
     def __init__(self) -> None:
         self.cpu_s = 0.0
-        self.calls = 0
+        self.calls: Counter[str] = Counter()
 
     def wrap(self, ledger: Any, names: frozenset[str]) -> None:
         for name in names:
-            setattr(ledger, name, self._timed(getattr(ledger, name)))
+            setattr(ledger, name, self._timed(name, getattr(ledger, name)))
 
-    def _timed(self, method: Callable[..., Any]) -> Callable[..., Any]:
+    def _timed(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         timer = self
 
         @types.coroutine
@@ -97,7 +98,7 @@ class LedgerTimer:
                     value, error = None, thrown
 
         async def timed(*args: Any, **kwargs: Any) -> Any:
-            timer.calls += 1
+            timer.calls[name] += 1
             return await step(method(*args, **kwargs))
 
         return timed
@@ -146,6 +147,7 @@ async def burst(n: int, workers: int, profile: cProfile.Profile | None) -> dict[
         await nursery.start(node.run)
         await trio.sleep(max((burst_at - clock.now()).total_seconds(), 0.0))
         planned = node.completions.statistics().written  # nothing may have run before T
+        calls0 = timer.calls.copy()
         cpu0, ledger0, wall0 = time.process_time(), timer.cpu_s, time.perf_counter()
         if profile is not None:
             profile.enable()
@@ -155,6 +157,7 @@ async def burst(n: int, workers: int, profile: cProfile.Profile | None) -> dict[
         if profile is not None:
             profile.disable()
         cpu1, ledger1, wall1 = time.process_time(), timer.cpu_s, time.perf_counter()
+        calls = timer.calls - calls0
         finished = node.workers.statistics().finished
         nursery.cancel_scope.cancel()
     if planned or finished != {"succeeded": n}:
@@ -166,6 +169,7 @@ async def burst(n: int, workers: int, profile: cProfile.Profile | None) -> dict[
         "ledger_us": ledger_us,
         "node_us": total_us - ledger_us,
         "executions_per_s": n / (wall1 - wall0),
+        **{f"calls:{name}": float(count) for name, count in calls.items()},
     }
 
 
@@ -184,6 +188,8 @@ def one_run(n: int, workers: int, profile: bool) -> dict[str, float]:
 
 def _run_process(engine_root: Path, n: int, workers: int) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(engine_root)}
+    # Each process runs only the engine under ``engine_root``: said, not assumed.
+    env["BENCH_NODE_PATH_ENGINE"] = str(engine_root / "engine")
     command = [sys.executable, str(Path(__file__).resolve()), "--json", "--executions", str(n)]
     command += ["--workers", str(workers)]
     done = subprocess.run(
@@ -263,18 +269,25 @@ def main() -> None:
     parser.add_argument("--no-docs", action="store_true")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
-    if args.json:
+    if args.json:  # the engine on PYTHONPATH: this tree's, or the revision compared with
+        import engine
+
+        expected = os.environ.get("BENCH_NODE_PATH_ENGINE")
+        if expected and Path(engine.__file__).resolve().parent != Path(expected).resolve():
+            raise SystemExit(f"imported {engine.__file__}, not the engine in {expected}")
+
         print(json.dumps(one_run(args.executions, args.workers, profile=False)))
         return
     if args.compare:
         report = compare(args.compare, args.executions, args.workers, args.runs)
         print(report)
         if not args.no_docs:
+            sys.path.insert(0, str(ROOT))
             from benchmarks._report import write_section
 
             write_section("bench_node_path", report)
         return
+    sys.path.insert(0, str(ROOT))
     results = [one_run(args.executions, args.workers, profile=False) for _ in range(args.runs)]
     for key in ("node_us", "ledger_us", "total_us", "executions_per_s"):
         values = [r[key] for r in results]
