@@ -1,12 +1,32 @@
 """The workers: run claimed attempts through their task type's handler.
 
-Each worker takes one claimed :class:`~engine.actors.attempts.Attempt` at a time from the
-channel the dispatcher's claimers fill, builds the :class:`ExecutionContext` (the execution
-id is the idempotency key), runs the task type's handler under the task type's timeout,
-decides the execution's fate with :func:`~engine.core.retry_policy.decide`, and sends the
-attempt, its completion attached, on to the completion writer. Whatever happens, the
-worker gives back the attempt's run resources (:meth:`Attempt.run_ended`) in a ``finally``
-and closes the attempt itself when it does not pass it on.
+The claimers fill the claimed channel; one task, the *hand-out*, takes what is there in one
+go and passes it to the workers a *turn* at a time: an attempt alone, or a batch of inline
+attempts (below). For an attempt alone a worker builds the :class:`ExecutionContext` (the
+execution id is the idempotency key), runs the task type's handler under the task type's
+timeout, decides the execution's fate with :func:`~engine.core.retry_policy.decide`, and
+sends the attempt, its completion attached, on to the completion writer. Whatever happens,
+the worker gives back the attempt's run resources (:meth:`Attempt.run_ended`) before it
+passes the attempt on, and closes the attempt itself when it does not pass it on.
+
+**Inline attempts run in batches.** A handler whose ``run`` never waits declares itself
+*inline* (``engine/handlers/base.py``: ``noop`` without a delay). For those, what costs is
+not the handler but the machinery around it -- a channel receive (a trip through trio's run
+loop) and a deadline cancel scope per attempt -- so consecutive inline attempts, up to
+:data:`INLINE_BATCH_MAX`, make one turn: one worker runs them one after another inside one
+cancel scope whose deadline is the earliest of theirs (an inline handler cannot overrun; the
+deadline stops one that breaks its word). Each attempt keeps what it has alone: it is not
+started if abandoned or if :meth:`WorkerPool._why_not_start` objects; one whose own deadline
+passed before its turn came ends ``timeout`` without running; its duration is measured and
+observed; its start delay is its own, read on a clock taken once per batch (the batch lasts
+well under a millisecond). The metrics of the batch's starts and successes are added once
+per batch, each observation still its own. An attempt that needs a read first (its task
+type not cached when it is handed out, its schedule not cached or cached as gone), and
+every attempt not reached when the scope was cancelled (its deadline, or an abandonment
+cancelling the running one), runs alone after the batch.
+With tracing on, nothing is batched: every attempt keeps its own span. The hand-out exists
+for the batches: with every idle worker waiting on the claimed channel, trio handed each
+claimed attempt straight to a worker of its own, and no attempt was ever found waiting.
 
 **The handler boundary is a wall.** A handler is supposed to return every outcome as a
 value, but whatever escapes it -- any exception, ``SystemExit`` and ``KeyboardInterrupt``
@@ -30,7 +50,8 @@ from the database) and the partition's owner may have re-queued and re-run the e
 
 **Durations** feed the pipeline's :class:`~engine.core.admission.HandoffSizer`, measured
 from the handler's start (not from the hand-off, which a frozen process would stretch) and
-clamped to the handler's timeout.
+clamped to the handler's timeout. In an inline batch an attempt's run is timed from the end
+of the one before it: one clock reading per attempt, the accounting between them included.
 
 **An execution runs with its schedule's payload, never without one.** If its schedule was
 deleted after the claim (or its id now belongs to another tenant), checked against the
@@ -252,34 +273,37 @@ class WorkerPool:
         batch: list[Attempt] = []
         kinds: list[TaskKind] = []
         try:
-            async for attempt in claimed:
-                now = self._clock.monotonic()
-                while True:
-                    kind = self._inline_kind(attempt, now)
-                    if kind is None:
-                        if batch:
-                            await self._give(turns, (batch, kinds))
-                            batch, kinds = [], []
-                        await self._give(turns, ([attempt], None))
-                    else:
-                        batch.append(attempt)
-                        kinds.append(kind)
-                        if len(batch) == INLINE_BATCH_MAX:
-                            await self._give(turns, (batch, kinds))
-                            batch, kinds = [], []
-                    try:
-                        attempt = receive_nowait()
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                if batch:
-                    await self._give(turns, (batch, kinds))
-                    batch, kinds = [], []
+            with turns:  # once the claimers are gone and all is handed out, the workers end
+                async for attempt in claimed:
+                    now = self._clock.monotonic()
+                    while True:
+                        kind = self._inline_kind(attempt, now)
+                        if kind is None:
+                            if batch:
+                                await self._give(turns, (batch, kinds))
+                                batch, kinds = [], []
+                            await self._give(turns, ([attempt], None))
+                        else:
+                            batch.append(attempt)
+                            kinds.append(kind)
+                            if len(batch) == INLINE_BATCH_MAX:
+                                await self._give(turns, (batch, kinds))
+                                batch, kinds = [], []
+                        try:
+                            attempt = receive_nowait()
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+                    if batch:
+                        await self._give(turns, (batch, kinds))
+                        batch, kinds = [], []
         finally:
             for attempt in batch:
                 attempt.close()
 
     @staticmethod
     async def _give(turns: trio.MemorySendChannel[_Turn], turn: _Turn) -> None:
+        """Send ``turn`` to the workers (the channel holds every attempt the room lets in, so
+        it does not wait), or close its attempts if it is cancelled first."""
         try:
             turns.send_nowait(turn)
         except trio.WouldBlock:
