@@ -211,8 +211,17 @@ def _describe(rev: str) -> str:
     ).stdout.strip()  # fmt: skip
 
 
+def _load() -> str:
+    """The machine's load averages (1, 5, 15 minutes): how shared it was."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
 def compare(rev: str, n: int, workers: int, rounds: int) -> str:
     """ABBA rounds of REV's engine against the working tree's; the markdown report."""
+    load_before = _load()
     with tempfile.TemporaryDirectory(prefix="bench-node-path-") as scratch:
         archive = subprocess.run(
             ["git", "-C", str(ROOT), "archive", rev, "engine"], capture_output=True, check=True
@@ -225,6 +234,11 @@ def compare(rev: str, n: int, workers: int, rounds: int) -> str:
             for side in order:
                 runs[side].append(_run_process(sides[side], n, workers))
                 print(side, runs[side][-1], file=sys.stderr)
+    load_after = _load()
+    dirty = subprocess.run(
+        ["git", "-C", str(ROOT), "status", "--porcelain", "engine"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
     rows = []
     for key, label in (
         ("node_us", "node CPU per execution (µs)"),
@@ -245,15 +259,17 @@ def compare(rev: str, n: int, workers: int, rounds: int) -> str:
             "## The node's own path of a noop burst (`benchmarks/bench_node_path.py`)",
             "",
             f"One node, the in-memory ledger, the real trio clock, {n:,} noop executions due at "
-            f"one instant, {workers} workers; CPU of the process from T until the last "
+            f"one instant, {workers:,} workers; CPU of the process from T until the last "
             "completion is written, per execution, the memory ledger's own time apart (see the "
             f"script). {rounds} ABBA rounds in one run, each run its own process; medians, and "
             "the median of the per-round ratios (after / before).",
             "",
             f"- before: `{_describe(rev)}`",
-            f"- after: `{_describe('HEAD')}` (working tree)",
+            f"- after: `{_describe('HEAD')}`"
+            + (" with uncommitted changes to the engine" if dirty else ""),
             f"- {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, Python "
-            f"{sys.version.split()[0]}",
+            f"{sys.version.split()[0]}; load averages {load_before} before, {load_after} after "
+            "(the machine is shared)",
             "",
             "| figure | before | after | ratio | before, each run | after, each run |",
             "|---|---:|---:|---:|---|---|",
