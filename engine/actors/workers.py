@@ -357,18 +357,40 @@ class WorkerPool:
         kinds: list[TaskKind],
         completed: trio.MemorySendChannel[Attempt],
     ) -> None:
-        """Run a batch of inline attempts one after another in one cancel scope, and hand
-        their completions on; see the module docstring.
-
-        Per attempt, as :meth:`_execute` does: the abandonment and start checks, the start
-        delay, the wall around the handler, the duration and the completion; the metrics of
-        the batch's starts and successes are added once, at its end. What needs a read (a
-        schedule not cached, or cached as gone) and what was not reached when the scope was
-        cancelled (its deadline, an abandonment) runs alone afterwards. Every attempt of the
-        batch is handed on, run alone or closed exactly once, whatever ends the batch."""
+        """Run a batch of inline attempts (:meth:`_run_batch`), hand their completions on, then
+        run alone those it left; see the module docstring. Every attempt of the batch is
+        handed on, run alone or closed exactly once, whatever ends the batch."""
         self._counts["inline_batches"] += 1
         gone: set[int] = set()
         """The ids of the attempts no longer this batch's to close (handed on, run alone)."""
+        try:
+            done, alone = await self._run_batch(batch, kinds)
+            for attempt in done:
+                try:
+                    completed.send_nowait(attempt)
+                except trio.WouldBlock:
+                    await completed.send(attempt)  # sent, or cancelled and not sent
+                gone.add(id(attempt))
+            for attempt in alone:
+                gone.add(id(attempt))
+                await self._run_one(attempt, completed)
+        finally:
+            for attempt in batch:
+                if id(attempt) not in gone:
+                    attempt.close()
+
+    async def _run_batch(
+        self, batch: list[Attempt], kinds: list[TaskKind]
+    ) -> tuple[list[Attempt], list[Attempt]]:
+        """Run the inline attempts of ``batch`` one after another in one cancel scope: those
+        with a completion to hand on (their run resources given back), and those to run alone.
+
+        Per attempt, as :meth:`_execute` does: the abandonment and start checks (closing the
+        attempt when it must not start), the start delay, the wall around the handler, the
+        duration and the completion; the metrics of the batch's starts and successes are
+        added once, at its end. What needs a read (a schedule not cached, or cached as gone)
+        and what was not reached when the scope was cancelled (its deadline, an abandonment)
+        is left to run alone."""
         done: list[Attempt] = []
         """Run, their run resources given back: to hand on."""
         alone: list[Attempt] = []
@@ -469,20 +491,7 @@ class WorkerPool:
                 alone += batch[reached:]
         finally:
             self._counted(started, delays, succeeded)
-        try:
-            for attempt in done:
-                try:
-                    completed.send_nowait(attempt)
-                except trio.WouldBlock:
-                    await completed.send(attempt)  # sent, or cancelled and not sent
-                gone.add(id(attempt))
-            for attempt in alone:
-                gone.add(id(attempt))
-                await self._run_one(attempt, completed)
-        finally:
-            for attempt in batch:
-                if id(attempt) not in gone:
-                    attempt.close()
+        return done, alone
 
     def _counted(
         self, started: list[Execution], delays: list[float], succeeded: dict[str, list[float]]

@@ -337,6 +337,22 @@ async def test_stopping_in_the_middle_of_a_batch_gives_everything_back_exactly_o
     assert not p.room.open
 
 
+async def test_stopping_while_an_inline_handler_hangs_gives_everything_back_exactly_once(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with open_pool(monkeypatch, workers=1) as p:
+        p.noop.misbehave[f"{KEYS[2]}:2026-03-02T00:00:00Z"] = "hang"
+        for key in KEYS[:6]:
+            p.hand_over(key)
+        await trio.sleep(1)  # before its deadline: the node stops with the handler hanging
+        assert p.pool.statistics().busy == 1
+    # Two ran (their completions not handed on yet), one hung, three were not reached.
+    assert set(p.noop.runs) == {f"{key}:2026-03-02T00:00:00Z" for key in KEYS[:3]}
+    assert all(attempt.closed for attempt in p.handed)
+    assert (p.room.in_flight, p.room.open) == (0, set())
+    assert p.pool.statistics().busy == 0
+
+
 def sdk_tracing(exporter: InMemorySpanExporter) -> Tracing:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
