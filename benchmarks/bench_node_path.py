@@ -107,7 +107,9 @@ class LedgerTimer:
         return timed
 
 
-async def burst(n: int, workers: int, profile: cProfile.Profile | None) -> dict[str, float]:
+async def burst(
+    n: int, workers: int, profile: cProfile.Profile | None, delay_s: float = 0.0
+) -> dict[str, float]:
     """One run: its figures (µs per execution, executions/s)."""
     from engine.config import LogLevel, NodeConfig
     from engine.ledger.memory import MemoryLedger
@@ -122,7 +124,14 @@ async def burst(n: int, workers: int, profile: cProfile.Profile | None) -> dict[
     clock = SkewedClock(burst_at - timedelta(seconds=lead_s))
     ledger = MemoryLedger(clock=clock, partition_count=16)
     await ledger.task_types_put(
-        TaskTypesPut(TaskType(name="noop", kind=HandlerKind.NOOP, allowed_tenants=("*",)))
+        TaskTypesPut(
+            TaskType(
+                name="noop",
+                kind=HandlerKind.NOOP,
+                allowed_tenants=("*",),
+                settings={"delay_s": delay_s} if delay_s else {},
+            )
+        )
     )
     # Fires at T once a year: the planner has nothing else to do during the burst.
     cron = f"{burst_at.minute} {burst_at.hour} {burst_at.day} {burst_at.month} *"
@@ -176,9 +185,9 @@ async def burst(n: int, workers: int, profile: cProfile.Profile | None) -> dict[
     }
 
 
-def one_run(n: int, workers: int, profile: bool) -> dict[str, float]:
+def one_run(n: int, workers: int, profile: bool, delay_s: float = 0.0) -> dict[str, float]:
     profiler = cProfile.Profile() if profile else None
-    figures = trio.run(burst, n, workers, profiler)
+    figures = trio.run(burst, n, workers, profiler, delay_s)
     if profiler is not None:
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(20)
@@ -189,12 +198,12 @@ def one_run(n: int, workers: int, profile: bool) -> dict[str, float]:
 # --- revisions side by side -------------------------------------------------------------------
 
 
-def _run_process(engine_root: Path, n: int, workers: int) -> dict[str, float]:
+def _run_process(engine_root: Path, n: int, workers: int, delay_s: float) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(engine_root)}
     # Each process runs only the engine under ``engine_root``: said, not assumed.
     env["BENCH_NODE_PATH_ENGINE"] = str(engine_root / "engine")
     command = [sys.executable, str(Path(__file__).resolve()), "--json", "--executions", str(n)]
-    command += ["--workers", str(workers)]
+    command += ["--workers", str(workers), "--delay-s", str(delay_s)]
     done = subprocess.run(
         command, env=env, capture_output=True, text=True, check=False, timeout=TIMEOUT_S * 2
     )
@@ -219,7 +228,7 @@ def _load() -> str:
         return "unknown"
 
 
-def compare(rev: str, n: int, workers: int, rounds: int) -> str:
+def compare(rev: str, n: int, workers: int, rounds: int, delay_s: float = 0.0) -> str:
     """ABBA rounds of REV's engine against the working tree's; the markdown report."""
     load_before = _load()
     with tempfile.TemporaryDirectory(prefix="bench-node-path-") as scratch:
@@ -232,7 +241,7 @@ def compare(rev: str, n: int, workers: int, rounds: int) -> str:
         for round_ in range(rounds):
             order = ("before", "after") if round_ % 2 == 0 else ("after", "before")
             for side in order:
-                runs[side].append(_run_process(sides[side], n, workers))
+                runs[side].append(_run_process(sides[side], n, workers, delay_s))
                 print(side, runs[side][-1], file=sys.stderr)
     load_after = _load()
     dirty = subprocess.run(
@@ -259,7 +268,8 @@ def compare(rev: str, n: int, workers: int, rounds: int) -> str:
             "## The node's own path of a noop burst (`benchmarks/bench_node_path.py`)",
             "",
             f"One node, the in-memory ledger, the real trio clock, {n:,} noop executions due at "
-            f"one instant, {workers:,} workers; CPU of the process from T until the last "
+            f"one instant{f' (noop delay {delay_s:g} s: not inline)' if delay_s else ''}, "
+            f"{workers:,} workers; CPU of the process from T until the last "
             "completion is written, per execution, the memory ledger's own time apart (see the "
             f"script). {rounds} ABBA rounds in one run, each run its own process; medians, and "
             "the median of the per-round ratios (after / before).",
@@ -286,6 +296,12 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="a cProfile top-20 of one run")
     parser.add_argument("--compare", metavar="REV", help="ABBA against REV's engine")
     parser.add_argument("--no-docs", action="store_true")
+    parser.add_argument(
+        "--delay-s",
+        type=float,
+        default=0.0,
+        help="the noop's delay: above 0 it waits, so it is not inline (the one-by-one path)",
+    )
     parser.add_argument("--quick", action="store_true", help="a small run: does it work")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -298,10 +314,10 @@ def main() -> None:
         if expected and Path(engine.__file__).resolve().parent != Path(expected).resolve():
             raise SystemExit(f"imported {engine.__file__}, not the engine in {expected}")
 
-        print(json.dumps(one_run(args.executions, args.workers, profile=False)))
+        print(json.dumps(one_run(args.executions, args.workers, False, args.delay_s)))
         return
     if args.compare:
-        report = compare(args.compare, args.executions, args.workers, args.runs)
+        report = compare(args.compare, args.executions, args.workers, args.runs, args.delay_s)
         print(report)
         if not args.no_docs:
             sys.path.insert(0, str(ROOT))
@@ -310,13 +326,15 @@ def main() -> None:
             write_section("bench_node_path", report)
         return
     sys.path.insert(0, str(ROOT))
-    results = [one_run(args.executions, args.workers, profile=False) for _ in range(args.runs)]
+    results = [
+        one_run(args.executions, args.workers, False, args.delay_s) for _ in range(args.runs)
+    ]
     for key in ("node_us", "ledger_us", "total_us", "executions_per_s"):
         values = [r[key] for r in results]
         each = ", ".join(f"{v:,.1f}" for v in values)
         print(f"{key}: median {statistics.median(values):,.1f}  ({each})")
     if args.profile:
-        one_run(args.executions, args.workers, profile=True)
+        one_run(args.executions, args.workers, True, args.delay_s)
 
 
 if __name__ == "__main__":
