@@ -20,7 +20,7 @@ ROUNDS ?= 3
 LISTING_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test unit lint typecheck fmt run bench bench-peer bench-listing bench-profile bench-compare bench-instructions clean chromium console-screenshots chaos chaos-quick gameday sim-long
+.PHONY: help install test unit lint typecheck fmt run bench bench-peer bench-listing bench-profile bench-compare bench-node-path bench-instructions clean chromium console-screenshots chaos chaos-quick gameday sim-long
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -103,6 +103,9 @@ bench-profile: $(STAMP) ## py-spy flame graph of a one-node burst -> docs/img/be
 
 bench-compare: $(STAMP) ## Revisions' bursts side by side, alternating (REVS="a b", . = working tree; ROUNDS=3)
 	$(BIN)/python benchmarks/compare.py --rounds $(ROUNDS) $(REVS)
+
+bench-node-path: $(STAMP) ## The node's own noop path (memory ledger) against REV, ABBA (REV=main; ROUNDS=3)
+	$(BIN)/python benchmarks/bench_node_path.py --compare $(or $(REV),main) --runs $(ROUNDS)
 
 bench-instructions: $(STAMP) ## Revisions' instructions per execution under valgrind (REVS="a b"; exact on a busy machine)
 	$(BIN)/python benchmarks/compare.py --rounds 1 --instructions 3000,9000 $(REVS)

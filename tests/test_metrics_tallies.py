@@ -169,3 +169,32 @@ def test_a_scrape_shows_tallies_made_since_the_last_one() -> None:
     assert b'execution_duration_ms_bucket{le="2.5",task_type="hook"} 2.0' in body
     assert b"carillon_starts_total 1.0" in body
     assert metrics.registry.get_sample_value("carillon_start_delay_seconds_sum") == 0.3
+
+
+@pytest.mark.parametrize("tenant_labels", [False, True])
+def test_a_batch_of_starts_and_successes_counts_as_each_one_alone(tenant_labels: bool) -> None:
+    """A worker's batch of inline attempts reports its starts and successes at once
+    (``executions_started_each``, ``executions_finished_each``): the same samples, and the
+    same start window, as one call per attempt."""
+    alone = NodeMetrics(tenant_labels=tenant_labels, label_values_max=2)
+    batched = NodeMetrics(tenant_labels=tenant_labels, label_values_max=2)
+    rng = random.Random(3)
+    delays = edges(START_DELAY_BUCKETS_S) + [rng.uniform(-5, 5000) for _ in range(300)]
+    started = [
+        execution(("a", "b", "c")[n % 3], 2 if n % 7 == 0 else 1) for n in range(len(delays))
+    ]
+    durations = edges(DURATION_BUCKETS_MS) + [rng.uniform(0, 4e3) for _ in range(300)]
+    for first in range(0, len(delays), 64):  # in batches as a worker reports them
+        batched.executions_started_each(started[first : first + 64], delays[first : first + 64])
+    batched.executions_finished_each("hook", "succeeded", durations)
+    batched.executions_finished_each("hook", "dead-letter", durations[:5])
+    for one, delay_s in zip(started, delays, strict=True):
+        alone.execution_started(one, delay_s)
+    for duration_s in durations:
+        alone.execution_finished("hook", "succeeded", duration_s)
+    for duration_s in durations[:5]:
+        alone.execution_finished("hook", "dead-letter", duration_s)
+    for prefix in ("carillon_", "execution_", "dead_letter"):
+        assert same(samples(batched.registry, prefix), samples(alone.registry, prefix))
+    assert batched.slo_ratio() == alone.slo_ratio()
+    assert batched.window_starts() == alone.window_starts()

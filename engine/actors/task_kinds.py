@@ -22,6 +22,7 @@ from engine.clock import Clock
 from engine.core.retry_policy import RetryPolicy
 from engine.errors import CarillonError
 from engine.handlers import Handler, HandlerOptions, build_handler
+from engine.handlers.base import is_inline
 from engine.handlers.brokers import BrokerBridge
 from engine.handlers.http_client import WebhookClient
 from engine.handlers.registry import retry_horizon_of
@@ -50,6 +51,9 @@ class TaskKind(msgspec.Struct, frozen=True):
     task_type: TaskType
     handler: Handler
     policy: RetryPolicy
+    inline: bool = False
+    """Its handler declared itself inline (:func:`~engine.handlers.base.is_inline`) and is of
+    no blocking kind: the workers run its attempts in batches."""
 
 
 class TaskKinds:
@@ -133,6 +137,7 @@ class TaskKinds:
                 backoff_base_s=task_type.backoff_base_s,
                 backoff_max_s=task_type.backoff_max_s,
             )
-            kind = TaskKind(expires, task_type, handler, policy)
+            inline = is_inline(handler) and task_type.kind not in BLOCKING_KINDS
+            kind = TaskKind(expires, task_type, handler, policy, inline)
         self._kinds[task_type.name] = kind
         return kind

@@ -1,12 +1,32 @@
 """The workers: run claimed attempts through their task type's handler.
 
-Each worker takes one claimed :class:`~engine.actors.attempts.Attempt` at a time from the
-channel the dispatcher's claimers fill, builds the :class:`ExecutionContext` (the execution
-id is the idempotency key), runs the task type's handler under the task type's timeout,
-decides the execution's fate with :func:`~engine.core.retry_policy.decide`, and sends the
-attempt, its completion attached, on to the completion writer. Whatever happens, the
-worker gives back the attempt's run resources (:meth:`Attempt.run_ended`) in a ``finally``
-and closes the attempt itself when it does not pass it on.
+The claimers fill the claimed channel; one task, the *hand-out*, takes what is there in one
+go and passes it to the workers a *turn* at a time: an attempt alone, or a batch of inline
+attempts (below). For an attempt alone a worker builds the :class:`ExecutionContext` (the
+execution id is the idempotency key), runs the task type's handler under the task type's
+timeout, decides the execution's fate with :func:`~engine.core.retry_policy.decide`, and
+sends the attempt, its completion attached, on to the completion writer. Whatever happens,
+the worker gives back the attempt's run resources (:meth:`Attempt.run_ended`) before it
+passes the attempt on, and closes the attempt itself when it does not pass it on.
+
+**Inline attempts run in batches.** A handler whose ``run`` never waits declares itself
+*inline* (``engine/handlers/base.py``: ``noop`` without a delay). For those, what costs is
+not the handler but the machinery around it -- a channel receive (a trip through trio's run
+loop) and a deadline cancel scope per attempt -- so consecutive inline attempts, up to
+:data:`INLINE_BATCH_MAX`, make one turn: one worker runs them one after another inside one
+cancel scope whose deadline is the earliest of theirs (an inline handler cannot overrun; the
+deadline stops one that breaks its word). Each attempt keeps what it has alone: it is not
+started if abandoned or if :meth:`WorkerPool._why_not_start` objects; one whose own deadline
+passed before its turn came ends ``timeout`` without running; its duration is measured and
+observed; its start delay is its own, read on a clock taken once per batch (the batch lasts
+well under a millisecond). The metrics of the batch's starts and successes are added once
+per batch, each observation still its own. An attempt that needs a read first (its task
+type not cached when it is handed out, its schedule not cached or cached as gone), and
+every attempt not reached when the scope was cancelled (its deadline, or an abandonment
+cancelling the running one), runs alone after the batch.
+With tracing on, nothing is batched: every attempt keeps its own span. The hand-out exists
+for the batches: with every idle worker waiting on the claimed channel, trio handed each
+claimed attempt straight to a worker of its own, and no attempt was ever found waiting.
 
 **The handler boundary is a wall.** A handler is supposed to return every outcome as a
 value, but whatever escapes it -- any exception, ``SystemExit`` and ``KeyboardInterrupt``
@@ -30,7 +50,8 @@ from the database) and the partition's owner may have re-queued and re-run the e
 
 **Durations** feed the pipeline's :class:`~engine.core.admission.HandoffSizer`, measured
 from the handler's start (not from the hand-off, which a frozen process would stretch) and
-clamped to the handler's timeout.
+clamped to the handler's timeout. In an inline batch an attempt's run is timed from the end
+of the one before it: one clock reading per attempt, the accounting between them included.
 
 **An execution runs with its schedule's payload, never without one.** If its schedule was
 deleted after the claim (or its id now belongs to another tenant), checked against the
@@ -50,6 +71,7 @@ import functools
 import logging
 import traceback
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, TypeGuard, TypeVar
 
 import msgspec
@@ -60,7 +82,7 @@ from engine.actors.attempts import Attempt, Room
 from engine.actors.context import NodeContext
 from engine.actors.retry import call_fenced, retry_unavailable
 from engine.actors.schedule_cache import UNCACHED, ScheduleCache
-from engine.actors.task_kinds import BLOCKING_KINDS, CALLING_OUT_KINDS, TaskKinds
+from engine.actors.task_kinds import BLOCKING_KINDS, CALLING_OUT_KINDS, TaskKind, TaskKinds
 from engine.config import BLOCKING_WORKERS_DEFAULT, WORKERS_DEFAULT
 from engine.core.retry_policy import ATTEMPT_OVERRUN_S, Decision, RetryPolicy, decide
 from engine.errors import CarillonError
@@ -88,6 +110,10 @@ T = TypeVar("T")
 
 TIMEOUT_GRACE_S: Final = ATTEMPT_OVERRUN_S
 """Extra time a handler gets beyond its task type's timeout before the worker abandons it."""
+INLINE_BATCH_MAX: Final = 64
+"""Most inline attempts a worker takes in one turn: enough that the per-turn costs (a channel
+receive, a cancel scope, a trip through trio's run loop) are a few percent of the batch's,
+few enough that the others waiting see the worker come round within a millisecond."""
 HANDOFF_MAX_DEFAULT: Final = 1_000
 """Two claim batches: one being claimed while the workers still hold the other."""
 HANDOFF_WAIT_S_DEFAULT: Final = 1.0
@@ -108,8 +134,15 @@ after it was queued): it fails for good without running."""
 """The ``error_code`` of an attempt whose handler raised instead of returning a result."""
 _OUTCOMES: Final = {str(outcome): outcome for outcome in Outcome}
 _SUCCEEDED: Final = Decision("succeeded")
+_SUCCEEDED_RESULT: Final = HandlerResult.succeeded()
+"""The one success every handler returns (``HandlerResult.succeeded()``)."""
 _SETUP_FAILED_POLICY: Final = RetryPolicy()
 """The retry policy of an attempt whose task type could not be read or built."""
+
+
+_Turn = tuple[list[Attempt], list[TaskKind] | None]
+"""What a worker takes at once: an attempt alone (no kinds), or a batch of inline attempts
+with their task kinds."""
 
 
 class _Unavailable(Exception):
@@ -151,6 +184,8 @@ class WorkerStatistics(msgspec.Struct, frozen=True):
     """Attempts given up because this node no longer held them."""
     crashed: int = 0
     """Attempts whose handler raised instead of returning (``handler_crashed``)."""
+    inline_batches: int = 0
+    """Turns in which a worker ran a batch of inline attempts (see the module docstring)."""
 
 
 class WorkerPool:
@@ -181,7 +216,7 @@ class WorkerPool:
         self._blocking = trio.CapacityLimiter(config.blocking_workers)
         self._busy = 0
         self._finished: dict[str, int] = {}
-        self._counts = {"renewed": 0, "abandoned": 0, "crashed": 0}
+        self._counts = {"renewed": 0, "abandoned": 0, "crashed": 0, "inline_batches": 0}
 
     async def run(
         self,
@@ -193,9 +228,13 @@ class WorkerPool:
         # Plain python callables run in trio's worker threads: enough for every blocking slot.
         threads = trio.to_thread.current_default_thread_limiter()
         threads.total_tokens = max(threads.total_tokens, self.config.blocking_workers)
+        # Sized as the claimed channel: every attempt the room lets in fits, so the hand-out
+        # never waits on it.
+        give, take = trio.open_memory_channel[_Turn](self._room.sizer.capacity_max)
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._hand_out, claimed, give)
             for _ in range(self.config.workers):
-                nursery.start_soon(self._worker, claimed, completed)
+                nursery.start_soon(self._worker, take, completed)
             nursery.start_soon(self._renew_loop)
             task_status.started()
 
@@ -213,30 +252,288 @@ class WorkerPool:
             renewed=self._counts["renewed"],
             abandoned=self._counts["abandoned"],
             crashed=self._counts["crashed"],
+            inline_batches=self._counts["inline_batches"],
         )
 
     # -- running ------------------------------------------------------------------------------
 
-    async def _worker(
+    async def _hand_out(
         self,
         claimed: trio.MemoryReceiveChannel[Attempt],
+        turns: trio.MemorySendChannel[_Turn],
+    ) -> None:
+        """Pass the claimed attempts on to the workers, a turn each: an attempt alone, or up
+        to :data:`INLINE_BATCH_MAX` inline attempts that came one after another.
+
+        One task receives from the claimers, so that what they send while it runs waits in
+        the channel and is taken in one go. (Had every idle worker waited on that channel,
+        trio would have handed each attempt straight to a worker of its own: a burst of
+        noops ran in batches of one.)"""
+        receive_nowait = claimed.receive_nowait
+        batch: list[Attempt] = []
+        kinds: list[TaskKind] = []
+        try:
+            with turns:  # once the claimers are gone and all is handed out, the workers end
+                async for attempt in claimed:
+                    now = self._clock.monotonic()
+                    while True:
+                        kind = self._inline_kind(attempt, now)
+                        if kind is None:
+                            if batch:
+                                await self._give(turns, (batch, kinds))
+                                batch, kinds = [], []
+                            await self._give(turns, ([attempt], None))
+                        else:
+                            batch.append(attempt)
+                            kinds.append(kind)
+                            if len(batch) == INLINE_BATCH_MAX:
+                                await self._give(turns, (batch, kinds))
+                                batch, kinds = [], []
+                        try:
+                            attempt = receive_nowait()
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+                    if batch:
+                        await self._give(turns, (batch, kinds))
+                        batch, kinds = [], []
+        finally:
+            for attempt in batch:
+                attempt.close()
+
+    @staticmethod
+    async def _give(turns: trio.MemorySendChannel[_Turn], turn: _Turn) -> None:
+        """Send ``turn`` to the workers (the channel holds every attempt the room lets in, so
+        it does not wait), or close its attempts if it is cancelled first."""
+        try:
+            turns.send_nowait(turn)
+        except trio.WouldBlock:
+            try:
+                await turns.send(turn)
+            except BaseException:
+                for attempt in turn[0]:  # not sent: nobody else will close them
+                    attempt.close()
+                raise
+
+    async def _worker(
+        self,
+        turns: trio.MemoryReceiveChannel[_Turn],
         completed: trio.MemorySendChannel[Attempt],
     ) -> None:
-        async for attempt in claimed:
-            passed_on = False
-            try:
-                if attempt.abandoned:
-                    continue  # given up while it waited: it never starts
-                if await self._execute(attempt):
-                    attempt.run_ended()  # before the completion waits for room
-                    try:
-                        completed.send_nowait(attempt)
-                    except trio.WouldBlock:
-                        await completed.send(attempt)
-                    passed_on = True
-            finally:
-                if not passed_on:
+        async for attempts, kinds in turns:
+            if kinds is None:
+                await self._run_one(attempts[0], completed)
+            else:
+                await self._run_inline(attempts, kinds, completed)
+
+    def _inline_kind(self, attempt: Attempt, now: float) -> TaskKind | None:
+        """The cached task kind of ``attempt`` if it may run in an inline batch: its handler
+        is inline, and tracing is off (an attempt span is per attempt: the one-by-one path
+        keeps them as they were)."""
+        if self._tracing is not None:
+            return None
+        kind = self._kinds.cached(attempt.item.task_type, now)
+        return kind if kind is not None and kind.inline else None
+
+    async def _run_one(self, attempt: Attempt, completed: trio.MemorySendChannel[Attempt]) -> None:
+        """Run ``attempt`` alone, and hand it on (or close it)."""
+        passed_on = False
+        try:
+            if attempt.abandoned:
+                return  # given up while it waited: it never starts
+            if await self._execute(attempt):
+                attempt.run_ended()  # before the completion waits for room
+                try:
+                    completed.send_nowait(attempt)
+                except trio.WouldBlock:
+                    await completed.send(attempt)
+                passed_on = True
+        finally:
+            if not passed_on:
+                attempt.close()
+
+    async def _run_inline(
+        self,
+        batch: list[Attempt],
+        kinds: list[TaskKind],
+        completed: trio.MemorySendChannel[Attempt],
+    ) -> None:
+        """Run a batch of inline attempts (:meth:`_run_batch`), hand their completions on, then
+        run alone those it left; see the module docstring. Every attempt of the batch is
+        handed on, run alone or closed exactly once, whatever ends the batch."""
+        self._counts["inline_batches"] += 1
+        gone: set[int] = set()
+        """The ids of the attempts no longer this batch's to close (handed on, run alone)."""
+        try:
+            done, alone = await self._run_batch(batch, kinds)
+            for attempt in done:
+                try:
+                    completed.send_nowait(attempt)
+                except trio.WouldBlock:
+                    await completed.send(attempt)  # sent, or cancelled and not sent
+                gone.add(id(attempt))
+            for attempt in alone:
+                gone.add(id(attempt))
+                await self._run_one(attempt, completed)
+        finally:
+            for attempt in batch:
+                if id(attempt) not in gone:
                     attempt.close()
+
+    async def _run_batch(
+        self, batch: list[Attempt], kinds: list[TaskKind]
+    ) -> tuple[list[Attempt], list[Attempt]]:
+        """Run the inline attempts of ``batch`` one after another in one cancel scope: those
+        with a completion to hand on (their run resources given back), and those to run alone.
+
+        Per attempt, as :meth:`_execute` does: the abandonment and start checks (closing the
+        attempt when it must not start), the start delay, the wall around the handler, the
+        duration and the completion; the metrics of the batch's starts and successes are
+        added once, at its end. What needs a read (a schedule not cached, or cached as gone)
+        and what was not reached when the scope was cancelled (its deadline, an abandonment)
+        is left to run alone."""
+        done: list[Attempt] = []
+        """Run, their run resources given back: to hand on."""
+        alone: list[Attempt] = []
+        """To run one by one after the batch."""
+        started: list[Execution] = []
+        delays: list[float] = []
+        succeeded: dict[str, list[float]] = {}
+        """The durations of the successes, by task type."""
+        running: Attempt | None = None
+        reached = 0
+        try:
+            monotonic = self._clock.monotonic
+            observe = self._room.observe
+            now = run_started = monotonic()
+            monitor_now = self._monitor.now()
+            delay_at: dict[datetime, float] = {}
+            started_at = trio.current_time()
+            grace = TIMEOUT_GRACE_S
+            deadline = started_at + min(kind.task_type.timeout_s for kind in kinds) + grace
+            with trio.CancelScope(deadline=deadline) as scope:
+                for attempt in batch:
+                    reached += 1
+                    if attempt.abandoned:
+                        attempt.close()  # given up while it waited: it never starts
+                        continue
+                    execution = attempt.item
+                    kind = kinds[reached - 1]
+                    task_type = kind.task_type
+                    if not task_type.usable_by(execution.tenant_id):
+                        result = self._unavailable(execution)
+                        attempt.completion = self._complete(attempt, result, kind.policy, 0.0)
+                        attempt.run_ended()
+                        done.append(attempt)
+                        continue
+                    schedule = self._schedules.cached(execution.schedule_id, now)
+                    if schedule is UNCACHED or not _runs_under(schedule, execution):
+                        alone.append(attempt)  # a read first: alone, after the batch
+                        continue
+                    why_not = self._why_not_start(attempt, run_started)
+                    if why_not is not None:
+                        self._abandon(attempt, why_not)
+                        attempt.close()
+                        continue
+                    planned_at = execution.planned_at
+                    delay_s = delay_at.get(planned_at)
+                    if delay_s is None:
+                        delay_s = delay_at[planned_at] = (monitor_now - planned_at).total_seconds()
+                    started.append(execution)
+                    delays.append(delay_s)
+                    timeout_s = task_type.timeout_s
+                    ran: object = None
+                    if run_started < started_at + timeout_s + grace:  # else: its deadline passed
+                        context = ExecutionContext(
+                            execution_id=execution.execution_id,
+                            schedule_id=execution.schedule_id,
+                            tenant_id=execution.tenant_id,
+                            task_type=execution.task_type,
+                            planned_at=planned_at,
+                            attempt=execution.attempt,
+                            fencing_token=execution.fencing_token or 0,
+                            payload=schedule.payload,
+                        )
+                        running = attempt
+                        attempt.scope = scope
+                        self._busy += 1
+                        try:
+                            ran = await kind.handler.run(context)
+                        except BaseException as error:  # the wall: see the module docstring
+                            if is_cancellation(error):
+                                raise
+                            ran = self._crashed(attempt, error)
+                        finally:
+                            self._busy -= 1
+                            attempt.scope = None
+                        running = None
+                    ended = monotonic()
+                    if ran is _SUCCEEDED_RESULT and not attempt.abandoned:
+                        # The common case, written out: what _ran() does for a success.
+                        ran_s = ended - run_started
+                        observe(ran_s, timeout_s)
+                        durations = succeeded.get(execution.task_type)
+                        if durations is None:
+                            durations = succeeded[execution.task_type] = []
+                        durations.append(ran_s)
+                        attempt.completion = Completion(
+                            execution.execution_id, execution.attempt, Outcome.SUCCEEDED
+                        )
+                        attempt.run_ended()
+                        done.append(attempt)
+                    elif self._ran(attempt, ran, kind, run_started, ended):
+                        done.append(attempt)
+                    run_started = ended
+            if running is not None:
+                # The scope's deadline (the handler broke its word) or an abandonment
+                # stopped it in the middle of its run; what was not reached runs alone.
+                if self._ran(running, None, kinds[reached - 1], run_started, monotonic()):
+                    done.append(running)
+                alone += batch[reached:]
+        finally:
+            self._counted(started, delays, succeeded)
+        return done, alone
+
+    def _counted(
+        self, started: list[Execution], delays: list[float], succeeded: dict[str, list[float]]
+    ) -> None:
+        """The metrics of an inline batch's starts and successes, added at once."""
+        if started:
+            self._metrics.executions_started_each(started, delays)
+        for task_type, durations in succeeded.items():
+            self._metrics.executions_finished_each(task_type, _SUCCEEDED.outcome, durations)
+            self._finished[_SUCCEEDED.outcome] = self._finished.get(_SUCCEEDED.outcome, 0) + len(
+                durations
+            )
+
+    def _ran(
+        self, attempt: Attempt, ran: object, kind: TaskKind, run_started: float, ended: float
+    ) -> bool:
+        """Account for an inline attempt's run (``ran``: what its handler returned, ``None``
+        for its deadline): its completion attached and its run resources given back, or,
+        abandoned meanwhile, closed. Whether it has a completion to hand on."""
+        if ran is not None and not isinstance(ran, HandlerResult):
+            ran = self._crashed(attempt, TypeError(f"the handler returned {ran!r}"))
+        elif attempt.abandoned:
+            attempt.close()  # abandoned while it ran: the attempt that replaced it counts
+            return False
+        timeout_s = kind.task_type.timeout_s
+        if ran is None:
+            ran = HandlerResult.transient(
+                "timeout", f"the handler did not return within {timeout_s:g} s"
+            )
+        assert isinstance(ran, HandlerResult)
+        ran_s = ended - run_started
+        self._room.observe(ran_s, timeout_s)
+        attempt.completion = self._complete(attempt, ran, kind.policy, ran_s)
+        attempt.run_ended()
+        return True
+
+    def _unavailable(self, execution: Execution) -> HandlerResult:
+        message = (
+            f"task type {execution.task_type!r} is not available to tenant {execution.tenant_id!r}"
+        )
+        log.error("execution %s cannot run: %s", execution.execution_id, message)
+        return HandlerResult.permanent(TASK_TYPE_UNAVAILABLE, message)
 
     async def _execute(self, attempt: Attempt) -> bool:
         """Run one attempt; whether it has a completion to write (an abandoned attempt has

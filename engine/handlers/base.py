@@ -17,6 +17,14 @@ Invariants every handler keeps (the worker pool relies on them):
 * **Idempotency is the receiver's side of the bargain.** Delivery is at least once; every
   attempt of an execution carries the same ``execution_id`` so the receiver can apply the
   effect once.
+
+**Inline handlers.** A handler whose ``run`` never waits -- it returns without reaching a
+trio checkpoint, in microseconds: ``noop`` without a delay, and no other kind today --
+declares ``inline = True`` (:func:`is_inline`). The workers then run a handful of its
+attempts one after another in one worker turn and one cancel scope, instead of paying a
+channel receive and a deadline scope per attempt (``engine/actors/workers.py``). An inline
+handler keeps every invariant above; the shared scope's deadline is still there to stop one
+that breaks its word. A handler that declares nothing is not inline.
 """
 
 from __future__ import annotations
@@ -166,6 +174,12 @@ class Handler(Protocol):
         nothing but ``trio.Cancelled`` (and bugs).
         """
         ...
+
+
+def is_inline(handler: Handler) -> bool:
+    """Whether ``handler`` declared itself inline (see the module docstring): only a
+    literal ``inline = True`` attribute counts."""
+    return getattr(handler, "inline", False) is True
 
 
 class HandlerOptions(msgspec.Struct, frozen=True, kw_only=True):

@@ -2,7 +2,9 @@
 
 Settings: optional ``delay_s`` (default 0) and ``timeout_s`` (default 30 s; a ``delay_s``
 beyond it ends as the transient outcome ``timeout``, which makes it handy for testing retries).
-The delay is a ``trio.sleep``, so it follows trio's (mock) clock.
+The delay is a ``trio.sleep``, so it follows trio's (mock) clock. Without a delay the
+handler is *inline* (``engine/handlers/base.py``): it returns at once, never waiting, so the
+workers run its attempts in batches.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class NoopHandler:
             )
         self.timeout_s = check_timeout_s("noop", parsed.timeout_s)
         self.delay_s = parsed.delay_s
+        self.inline = parsed.delay_s == 0
+        """Returns at once without a checkpoint: the workers may run it in batches."""
 
     def __repr__(self) -> str:
         return f"NoopHandler(delay_s={self.delay_s!r})"

@@ -145,6 +145,49 @@ class NodeMetrics:
         if children[2] is not None:
             children[2].n += 1
 
+    def executions_started_each(
+        self, executions: Sequence[Execution], start_delays_s: Sequence[float]
+    ) -> None:
+        """:meth:`execution_started` for each of ``executions`` with its start delay (no
+        exemplars: tracing is off), as a worker's batch of inline attempts reports them: the
+        same observations, the counters added once."""
+        starts = self._starts_all
+        if starts is None:  # tenant labels: each start finds its tenant's children
+            for execution, delay_s in zip(executions, start_delays_s, strict=True):
+                self.execution_started(execution, delay_s)
+            return
+        observe, record = starts[0].observe, self._window.record
+        slo_target_s = self.slo_target_s
+        retries = late_n = 0
+        for execution, delay_s in zip(executions, start_delays_s, strict=True):
+            if execution.attempt > 1:
+                retries += 1
+                continue
+            if not delay_s > 0.0:
+                delay_s = 0.0
+            late = delay_s > slo_target_s
+            observe(delay_s)
+            record(late)
+            late_n += late
+        self._retries_tally.n += retries
+        starts[1].n += len(executions) - retries
+        starts[2].n += late_n
+
+    def executions_finished_each(
+        self, task_type: str, outcome: str, durations_s: Sequence[float]
+    ) -> None:
+        """:meth:`execution_finished` for attempts of ``task_type`` that all ended as
+        ``outcome``, one per duration: the same observations, the counters added once."""
+        children = self._finished.get((task_type, outcome))
+        if children is None:
+            children = self._finished_children(task_type, outcome)
+        children[0].n += len(durations_s)
+        observe = children[1].observe
+        for duration_s in durations_s:
+            observe(duration_s * 1000.0)
+        if children[2] is not None:
+            children[2].n += len(durations_s)
+
     def attempts_expired(self, n: int) -> None:
         """The redeliverer re-queued ``n`` attempts whose attempt lease ran out."""
         if n:
