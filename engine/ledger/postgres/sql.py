@@ -660,7 +660,10 @@ def _where(fixed: list[str], fragments: list[tuple[str, bool]]) -> tuple[str, in
 
 # --- migrations (engine/ledger/postgres/migrate.py) ------------------------------------------
 
-MIGRATION_LOCK: Final = f"SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})"
+MIGRATION_TRY_LOCK: Final = f"SELECT pg_try_advisory_lock({MIGRATION_LOCK_KEY})"
+"""Tried, not waited for: a session waiting inside ``pg_advisory_lock`` holds a snapshot, and
+``CREATE INDEX CONCURRENTLY`` in the lock holder's online migration waits for every older
+snapshot of the database -- a deadlock between two nodes migrating at once."""
 MIGRATION_UNLOCK: Final = f"SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})"
 
 MIGRATIONS_TABLE_EXISTS: Final = "SELECT to_regclass('carillon_schema_migrations') IS NOT NULL"
@@ -682,6 +685,12 @@ SELECT version, name, checksum, applied_at FROM carillon_schema_migrations ORDER
 MIGRATION_RECORD: Final = """
 INSERT INTO carillon_schema_migrations (version, name, checksum) VALUES ($1, $2, $3)
 """
+
+INDEX_INVALID: Final = """
+SELECT NOT i.indisvalid FROM pg_index AS i WHERE i.indexrelid = to_regclass($1)
+"""
+"""Whether index ``$1`` exists and is invalid (a ``CREATE INDEX CONCURRENTLY`` cut short);
+NULL when it does not exist."""
 
 CLUSTER_SETTINGS_EXISTS: Final = "SELECT to_regclass('cluster_settings') IS NOT NULL"
 
