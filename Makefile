@@ -20,7 +20,7 @@ ROUNDS ?= 3
 LISTING_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test unit lint typecheck fmt run bench bench-peer bench-listing bench-profile bench-compare bench-node-path bench-instructions clean chromium console-screenshots chaos chaos-quick gameday sim-long
+.PHONY: help install test unit lint typecheck fmt run bench bench-layouts bench-peer bench-listing bench-profile bench-compare bench-node-path bench-instructions clean chromium console-screenshots chaos chaos-quick gameday sim-long
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -81,6 +81,7 @@ sim-long: $(STAMP) ## Thousands of seeds of the deterministic simulator (docs/si
 bench: $(STAMP) ## Run the benchmarks; rewrite docs/benchmarks.md, docs/img/bench-*.png, docs/bench-results/
 	$(BIN)/python benchmarks/bench_cron.py
 	$(BIN)/python benchmarks/bench_ledger.py
+	$(BIN)/python benchmarks/bench_layouts.py
 	$(BIN)/python benchmarks/bench_listing.py
 	$(BIN)/python benchmarks/bench_scale.py
 	$(BIN)/python benchmarks/bench_burst.py
@@ -89,6 +90,9 @@ bench: $(STAMP) ## Run the benchmarks; rewrite docs/benchmarks.md, docs/img/benc
 	$(BIN)/python benchmarks/bench_webhooks.py
 	$(BIN)/python benchmarks/bench_tracing.py
 	$(BIN)/python benchmarks/bench_brokers.py
+
+bench-layouts: $(STAMP) ## WAL and database CPU per execution under candidate ledger layouts
+	$(BIN)/python benchmarks/bench_layouts.py
 
 bench-peer: $(STAMP) ## The same burst on Carillon and on APScheduler 4 (its own .bench-peers/venv)
 	$(BIN)/python benchmarks/bench_peer.py

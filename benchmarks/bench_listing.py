@@ -561,7 +561,7 @@ def statement_of(query: ExecutionsQuery) -> tuple[str, list[str], list[Any]]:
     after = None if query.cursor is None else decode_planned_cursor(query.cursor)
     types: list[str] = []
     values: list[Any] = []
-    for value in (query.schedule_id, query.tenant_id, query.status):
+    for value in (query.schedule_id, query.tenant_id):
         if value is not None:
             types.append("text")
             values.append(str(value))
@@ -573,7 +573,7 @@ def statement_of(query: ExecutionsQuery) -> tuple[str, list[str], list[Any]]:
     statement = sql.executions_query(
         schedule=query.schedule_id is not None,
         tenant=query.tenant_id is not None,
-        status=query.status is not None,
+        status=query.status,
         planned_from=False,
         planned_to=False,
         after=after is not None,

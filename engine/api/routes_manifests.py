@@ -31,7 +31,7 @@ from engine.api.schemas import ScheduleSpec, TaskTypeSpec, TenantSpec
 from engine.core import redaction
 from engine.errors import CarillonError, InvalidField
 from engine.handlers.base import SettingsWarning
-from engine.handlers.registry import check_settings, settings_warnings
+from engine.handlers.registry import check_settings, retry_horizon_of, settings_warnings
 from engine.ledger.manifests import (
     ManifestAction,
     ManifestChange,
@@ -273,7 +273,9 @@ class _Planner:
                     task_type.settings,
                     None if current_type is None else current_type.settings,
                 )
-                check_settings(task_type.kind, settings)
+                check_settings(
+                    task_type.kind, settings, retry_horizon_s=retry_horizon_of(task_type)
+                )
                 task_type = msgspec.structs.replace(task_type, settings=settings)
             except (CarillonError, ValueError) as exc:
                 errors.append(f"{item.where}: {exc}")

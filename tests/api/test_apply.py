@@ -187,6 +187,21 @@ async def test_task_types_and_tenants_apply_with_secrets_write_only(api: Api) ->
     assert stored.settings["secret"] == SECRET
 
 
+async def test_a_task_type_is_checked_as_its_put_checks_it(api: Api) -> None:
+    # A redis dedup expiry shorter than the task type's worst retry horizon: PUT refuses it
+    # (tests/api/test_admin.py), and so must apply, or a set could store what PUT would not.
+    short_dedup: dict[str, Any] = {
+        "name": "stream",
+        "kind": "redis",
+        "settings": {"url": "redis://h/0", "stream": "s", "dedup_ttl_s": 60},
+        "source": "types.yaml:4",
+    }
+    body = {"manifest_set": SET, "task_types": [short_dedup], "schedules": []}
+    problem = assert_problem(await apply(api, body), 422, "invalid-field")
+    assert any("types.yaml:4" in error and "dedup_ttl_s" in error for error in problem["errors"])
+    assert "stream" not in {t.name for t in await api.ledger.task_types_list()}
+
+
 async def test_tenancy_rules_of_task_types_hold(api: Api) -> None:
     private = {"name": "private", "kind": "noop", "tenant_id": "globex"}
     body = {

@@ -60,6 +60,7 @@ from engine.ledger.postgres import (
     open_postgres_ledger,
     sql_executions,
 )
+from engine.ledger.postgres import sql as pg_sql
 from engine.ledger.postgres.caps import cap_lock_key
 from engine.ledger.postgres.rows import int_array, text_array, timestamptz_array
 from engine.ledger.postgres.sql import AUDIT_LOCK_KEY, CAP_LOCK_SPACE
@@ -951,6 +952,35 @@ async def test_claims_and_completions_find_their_batch_by_key_whatever_the_stati
     for plans in (completion, claim, capped_types):
         for plan in plans.values():
             assert indexes_reading(plan, "executions") == ["executions_pkey"]
+
+
+async def test_a_tenants_listing_by_status_reads_a_status_index_even_as_a_generic_plan(
+    url: str,
+) -> None:
+    """A connection's sixth run of a statement may take its generic plan, made without the
+    values. With the status passed as a parameter, that plan could use no partial index on
+    the status and walked the tenant's whole history for its few queued executions (a
+    5M-execution ledger: p95 136 ms against 2.8 ms). The status is in the statement's text."""
+    insert = (
+        "INSERT INTO executions (execution_id, schedule_id, tenant_id, task_type, "
+        "partition_id, planned_at, status, attempt, enqueued_at, finished_at) "
+        "SELECT $1 || g, $1 || g, 'acme', 'noop', g % 8, now() - make_interval(mins => g), "
+        "$2, 1, now(), CASE WHEN $2 = 'succeeded' THEN now() END "
+        "FROM generate_series(1, $3::integer) AS g"
+    )
+    await sql(url, insert, "history-", "succeeded", 50_000)
+    await sql(url, insert, "waiting-", "queued", 50)
+    await sql(url, "ANALYZE executions")
+    statement = pg_sql.executions_query(
+        schedule=False,
+        tenant=True,
+        status=ExecutionStatus.QUEUED,
+        planned_from=False,
+        planned_to=False,
+        after=False,
+    )
+    for plan in (await explain_plans(url, statement, "acme", 101)).values():
+        assert indexes_reading(plan, "executions") == ["executions_tenant_startable_idx"]
 
 
 # --- console sessions against a concurrent token revocation ----------------------------------

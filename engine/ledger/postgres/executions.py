@@ -339,7 +339,6 @@ async def executions_query(store: Store, params: ExecutionsQuery) -> Page[Execut
         for value in (
             params.schedule_id,
             params.tenant_id,
-            None if params.status is None else str(params.status),
             params.planned_from,
             params.planned_to,
             params.task_type,
@@ -352,7 +351,7 @@ async def executions_query(store: Store, params: ExecutionsQuery) -> Page[Execut
     query = sql.executions_query(
         schedule=params.schedule_id is not None,
         tenant=params.tenant_id is not None,
-        status=params.status is not None,
+        status=params.status,
         planned_from=params.planned_from is not None,
         planned_to=params.planned_to is not None,
         task_type=params.task_type is not None,

@@ -7,7 +7,8 @@ knows, and fixes the cluster's partition count the first time.
 Invariants:
 
 * **Safe to run from several nodes at once**: the whole run holds a session advisory lock,
-  so concurrent runs queue up; the first applies, the others find nothing to do.
+  so concurrent runs queue up (trying it every :data:`MIGRATION_LOCK_POLL_S`); the first
+  applies, the others find nothing to do.
 * **Each version is applied in one transaction** together with its row in
   ``carillon_schema_migrations``: a crash leaves the database at a recorded version.
 * **Idempotent**: a second run changes nothing.
@@ -17,10 +18,32 @@ Invariants:
 * The partition count is chosen once (default :data:`PARTITIONS_DEFAULT`), stored in
   ``cluster_settings`` and given one lease row per partition (no owner, token 0), in the
   same transaction as the last migration applied, so a schema never exists without them.
+
+**Online migrations** move a live ledger without stopping it. A file whose first line is
+``-- carillon: online`` is not run in one transaction: it is a list of *steps*, each one SQL
+statement after a line ``-- step`` (or ``-- step: repeat``), run one at a time outside any
+transaction, so a step may be ``CREATE INDEX CONCURRENTLY`` (which takes no lock that stops
+writes) and a long data move may commit as it goes. Its version is recorded only after the
+last step, so:
+
+* **Resumable**: an interrupted run (crash, cancel, lost connection) leaves the version
+  unrecorded, and the next run does every step again; steps are written to be idempotent
+  (``IF NOT EXISTS``, ``IF EXISTS``, a data step's ``WHERE`` skipping rows already moved).
+  A ``CREATE INDEX CONCURRENTLY IF NOT EXISTS`` interrupted midway leaves an *invalid*
+  index that ``IF NOT EXISTS`` would keep: before such a step its index is dropped when
+  PostgreSQL marks it invalid.
+* **Batched**: a ``-- step: repeat`` statement (e.g. an ``UPDATE`` of the next 10,000 rows not
+  yet moved) runs again, each run its own transaction, until it changes no row: a data move
+  holds its row locks for one batch, never for the whole table.
+* Nodes of the old version keep running while the steps run (the old schema stays usable
+  until the file's last step says otherwise); a node of either version that starts checks
+  that the schema is exactly its own (:mod:`engine.ledger.postgres.ledger`), so an old node
+  refuses a migrated database and a new node an unmigrated one, each with a clear message.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import re
@@ -55,8 +78,24 @@ __all__ = [
 ]
 
 PARTITIONS_MAX: Final = 4096
+MIGRATION_LOCK_POLL_S: Final = 0.1
+"""How often a run waiting for another's migration lock tries again."""
 
 _FILE_NAME: Final = re.compile(r"^(?P<version>[0-9]{4})_(?P<name>[a-z0-9_]+)\.sql$")
+ONLINE_HEADER: Final = "-- carillon: online"
+_STEP: Final = re.compile(r"^-- step(?P<repeat>: repeat)?[ \t]*$", re.MULTILINE)
+_CONCURRENT_INDEX: Final = re.compile(
+    r"CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+(?P<name>[a-z_][a-z0-9_]*)",
+    re.IGNORECASE,
+)
+
+
+class Step(msgspec.Struct, frozen=True):
+    """One statement of an online migration, run outside any transaction."""
+
+    sql: str
+    repeat: bool = False
+    """Run again, each run its own transaction, until it changes no row (a batched move)."""
 
 
 class Migration(msgspec.Struct, frozen=True):
@@ -67,6 +106,37 @@ class Migration(msgspec.Struct, frozen=True):
     sql: str
     checksum: str
     """SHA-256 of the file, recorded when applied (a later edit of an applied file shows)."""
+    steps: tuple[Step, ...] = ()
+    """An online migration's steps (see the module docstring); empty for one run in a
+    transaction."""
+
+    @property
+    def online(self) -> bool:
+        return bool(self.steps)
+
+
+def parse_migration(version: int, name: str, text: str) -> Migration:
+    """The migration of file ``NNNN_name.sql`` holding ``text``; an online one (first line
+    :data:`ONLINE_HEADER`) split into its steps, each a single statement."""
+    checksum = hashlib.sha256(text.encode()).hexdigest()
+    if text.split("\n", 1)[0].strip() != ONLINE_HEADER:
+        return Migration(version=version, name=name, sql=text, checksum=checksum)
+    markers = list(_STEP.finditer(text))
+    if not markers or _code(text[: markers[0].start()]):
+        raise AssertionError(f"online migration {version}: SQL before its first '-- step' line")
+    steps = []
+    for marker, following in zip(markers, [*markers[1:], None], strict=True):
+        body = text[marker.end() : None if following is None else following.start()].strip()
+        if not _code(body):
+            raise AssertionError(f"online migration {version}: an empty step")
+        steps.append(Step(sql=body, repeat=marker["repeat"] is not None))
+    return Migration(version=version, name=name, sql=text, checksum=checksum, steps=tuple(steps))
+
+
+def _code(text: str) -> str:
+    """``text`` without its comment lines and blank space: what PostgreSQL would run."""
+    lines = (line for line in text.splitlines() if not line.strip().startswith("--"))
+    return "\n".join(lines).strip()
 
 
 class AppliedMigration(msgspec.Struct, frozen=True):
@@ -107,14 +177,7 @@ def known_migrations() -> list[Migration]:
         if match is None:
             continue
         text = entry.read_text(encoding="utf-8")
-        found.append(
-            Migration(
-                version=int(match["version"]),
-                name=match["name"],
-                sql=text,
-                checksum=hashlib.sha256(text.encode()).hexdigest(),
-            )
-        )
+        found.append(parse_migration(int(match["version"]), match["name"], text))
     found.sort(key=lambda migration: migration.version)
     if [m.version for m in found] != list(range(1, len(found) + 1)):
         raise AssertionError(f"migration versions must be 1..n: {[m.version for m in found]}")
@@ -134,17 +197,22 @@ def check_partitions(partitions: int | None) -> int | None:
 
 
 async def migrate(
-    connection: asyncpg.Connection, *, partitions: int | None = None
+    connection: asyncpg.Connection,
+    *,
+    partitions: int | None = None,
+    migrations: list[Migration] | None = None,
 ) -> MigrationReport:
     """Apply the pending migrations over ``connection`` (asyncio; any event loop).
 
     ``partitions`` fixes the partition count on a fresh database (default 64) and must
     equal the stored count afterwards (``None``: keep it). Raises ``InvalidField`` for a
-    count outside 1..4096 and ``ConfigError`` for a refused migration.
+    count outside 1..4096 and ``ConfigError`` for a refused migration. ``migrations``
+    replaces the shipped files (tests of the machinery only).
     """
     check_partitions(partitions)
-    known = known_migrations()
-    await connection.execute(sql.MIGRATION_LOCK)
+    known = known_migrations() if migrations is None else migrations
+    while not await connection.fetchval(sql.MIGRATION_TRY_LOCK):
+        await asyncio.sleep(MIGRATION_LOCK_POLL_S)  # see sql.MIGRATION_TRY_LOCK
     try:
         await connection.execute(sql.MIGRATIONS_TABLE_CREATE)
         applied = {row["version"] for row in await connection.fetch(sql.MIGRATIONS_APPLIED)}
@@ -158,8 +226,11 @@ async def migrate(
         pending = [migration for migration in known if migration.version not in applied]
         count, created = 0, 0
         for migration in pending:
+            if migration.online:
+                await _run_steps(connection, migration)
             async with connection.transaction():
-                await connection.execute(migration.sql)
+                if not migration.online:
+                    await connection.execute(migration.sql)
                 await connection.execute(
                     sql.MIGRATION_RECORD, migration.version, migration.name, migration.checksum
                 )
@@ -294,6 +365,26 @@ async def _bridge(bridge: DatabaseBridge | None) -> AsyncIterator[DatabaseBridge
 
 
 # --- helpers --------------------------------------------------------------------------------
+
+
+async def _run_steps(connection: asyncpg.Connection, migration: Migration) -> None:
+    """Run an online migration's steps, each outside any transaction (see the module
+    docstring); an index an interrupted run left invalid is dropped before it is built."""
+    for step in migration.steps:
+        for match in _CONCURRENT_INDEX.finditer(step.sql):
+            name = match["name"]
+            if await connection.fetchval(sql.INDEX_INVALID, name):
+                await connection.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+        while True:
+            status = await connection.execute(step.sql)
+            if not step.repeat or _rows_changed(status) == 0:
+                break
+
+
+def _rows_changed(status: str) -> int:
+    """The row count of a command status (``UPDATE 10000``, ``INSERT 0 5``, ``DELETE 0``)."""
+    last = status.rsplit(" ", 1)[-1]
+    return int(last) if last.isdigit() else 0
 
 
 def _refuse_newer(applied: set[int], known: list[Migration]) -> None:
