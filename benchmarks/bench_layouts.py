@@ -1,8 +1,8 @@
 """What each execution costs PostgreSQL after T, under candidate layouts of the ledger.
 
-The design instrument behind "A lean ledger" in ``docs/ledger.md``: for each candidate index
-layout of ``executions`` and each way of writing an attempt, the WAL and the database CPU one
-execution costs, measured side by side in one run.
+The design instrument behind ``docs/ledger.md``, "What each execution writes, and the layout
+that halves it": for each candidate index layout of ``executions`` and each way of writing
+an attempt, the WAL and the database CPU one execution costs, measured side by side in one run.
 
 Each variant gets a scratch database migrated to today's schema, then changed into the
 candidate layout (indexes dropped, or the "split" layout below), and N queued executions
