@@ -27,6 +27,9 @@ that replaced it is the one that counts.
 less than :data:`ATTEMPT_START_WITHIN` of its attempt lease has passed since the claim or
 the last renewal *began*: after that, the lease may have run out (a node frozen or cut off
 from the database) and the partition's owner may have re-queued and re-run the execution.
+A *folded* attempt (docs/ledger.md, "Folded claims") has no attempt lease: it starts only
+if its bound -- its deadline here -- ends within the partition's trust window, and never in
+a partition being handed back; it runs under the attempt number after its execution's.
 
 **Durations** feed the pipeline's :class:`~engine.core.admission.HandoffSizer`, measured
 from the handler's start (not from the hand-off, which a frozen process would stretch) and
@@ -205,7 +208,7 @@ class WorkerPool:
         return self._busy
 
     def statistics(self) -> WorkerStatistics:
-        held = sum(1 for attempt in self._room.open if attempt.running_here)
+        held = sum(1 for attempt in self._room.open if attempt.held_here)
         return WorkerStatistics(
             self._busy,
             dict(self._finished),
@@ -287,7 +290,7 @@ class WorkerPool:
                     tenant_id=execution.tenant_id,
                     task_type=execution.task_type,
                     planned_at=execution.planned_at,
-                    attempt=execution.attempt,
+                    attempt=attempt.number,
                     fencing_token=execution.fencing_token or 0,
                     payload=schedule.payload,
                 )
@@ -305,19 +308,24 @@ class WorkerPool:
                         self._abandon(attempt, why_not)
                         return False
                     timeout_s = kind.task_type.timeout_s
-                    delay_s = (self._monitor.now() - execution.planned_at).total_seconds()
+                    started_at = attempt.started_at = self._monitor.now()
+                    delay_s = (started_at - execution.planned_at).total_seconds()
                     token: object = None
                     if tracing is None:
-                        self._metrics.execution_started(execution, delay_s)
+                        self._metrics.execution_started(execution, delay_s, attempt=attempt.number)
                     else:
                         client = kind.task_type.kind in CALLING_OUT_KINDS
                         span = tracing.start_attempt(attempt, delay_s, client=client)
                         exemplar = Tracing.exemplar(span)
-                        self._metrics.execution_started(execution, delay_s, exemplar=exemplar)
+                        self._metrics.execution_started(
+                            execution, delay_s, exemplar=exemplar, attempt=attempt.number
+                        )
                         token = Tracing.attach(span)  # the handler's current span
                     # One scope for both ends of a run: the deadline (the handler hangs) and an
                     # abandonment (the attempt was taken away; see _abandon).
-                    deadline = trio.current_time() + timeout_s + TIMEOUT_GRACE_S
+                    deadline = trio.current_time() + (
+                        attempt.fold_bound_s if attempt.folded else timeout_s + TIMEOUT_GRACE_S
+                    )
                     ran: HandlerResult | None = None
                     self._busy += 1
                     try:
@@ -378,20 +386,30 @@ class WorkerPool:
         self._metrics.skipped(SCHEDULE_DELETED)
         return Completion(
             execution.execution_id,
-            execution.attempt,
+            attempt.number,
             outcome,
             None,
             SCHEDULE_DELETED,
             SCHEDULE_DELETED_MESSAGE,
+            self._monitor.now() if attempt.folded else None,
         )
 
     def _why_not_start(self, attempt: Attempt, now: float) -> str | None:
-        """Why ``attempt``'s handler must not start now, or ``None``."""
+        """Why ``attempt``'s handler must not start now, or ``None``. A folded attempt has
+        no attempt lease: what keeps another node from running it meanwhile is this node's
+        partition lease, so its bound must end within the lease's trust window, and it does
+        not start in a partition being handed back (docs/ledger.md, "Folded claims")."""
         owned = self._table.get(attempt.partition_id)
         if owned is None:
             return "its partition is no longer owned here"
         if owned.trusted_until <= now:
             return "its partition's lease is no longer trusted"
+        if attempt.folded:
+            if now + attempt.fold_bound_s > owned.trusted_until:
+                return "its bound ends after its partition's trust window (folded)"
+            if owned.draining:
+                return "its partition is being handed back (folded)"
+            return None
         if now - attempt.renewed_at >= attempt.lease_s * ATTEMPT_START_WITHIN:
             return "its attempt lease may have run out before it could start"
         return None
@@ -412,12 +430,13 @@ class WorkerPool:
         self, attempt: Attempt, result: HandlerResult, policy: RetryPolicy, ran_s: float
     ) -> Completion:
         execution = attempt.item
+        number = attempt.number
         if result.kind is OutcomeKind.SUCCEEDED:
             decision = _SUCCEEDED  # what decide() says of a success, without reading the clock
         else:
             decision = decide(
                 result.kind,
-                execution.attempt,
+                number,
                 policy,
                 self._monitor.now(),  # retry times are compared with the database's clock
                 self._rng,
@@ -427,13 +446,17 @@ class WorkerPool:
         self._metrics.execution_finished(execution.task_type, decision.outcome, ran_s)
         if decision.not_before is not None:
             self._announcements.announce(decision.not_before)
+        started_at = None
+        if attempt.folded:  # the finish records when it started (now: its setup failed)
+            started_at = attempt.started_at or self._monitor.now()
         return Completion(
             execution.execution_id,
-            execution.attempt,
+            number,
             _OUTCOMES[decision.outcome],
             decision.not_before,
             result.error_code,
             result.error_message,
+            started_at,
         )
 
     async def _read(self, call: Callable[[], Awaitable[T]]) -> T:
@@ -502,9 +525,7 @@ class WorkerPool:
 
     def _abandon(self, attempt: Attempt, why: str) -> None:
         execution = attempt.execution
-        log.warning(
-            "attempt %d of %s abandoned: %s", execution.attempt, execution.execution_id, why
-        )
+        log.warning("attempt %d of %s abandoned: %s", attempt.number, execution.execution_id, why)
         attempt.abandoned = True
         self._counts["abandoned"] += 1
         if attempt.scope is not None:

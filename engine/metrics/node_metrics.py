@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from engine.config import SLO_TARGET_S_DEFAULT
 from engine.errors import ConfigError
 from engine.metrics.declarations import (
+    DISPATCHED_CLAIMED,
+    DISPATCHED_FOLDED,
     FIXED_LABEL_VALUES_MAX,
     LABEL_VALUES_MAX_DEFAULT,
     SLO_WINDOW_STARTS_DEFAULT,
@@ -108,13 +110,20 @@ class NodeMetrics:
         self._instruments.skipped.labels(self._reasons(reason)).inc(n)
 
     def execution_started(
-        self, execution: Execution, start_delay_s: float, exemplar: dict[str, str] | None = None
+        self,
+        execution: Execution,
+        start_delay_s: float,
+        exemplar: dict[str, str] | None = None,
+        *,
+        attempt: int | None = None,
     ) -> None:
         """A worker starts ``execution``'s attempt ``start_delay_s`` after its planned instant
         (on the clock monitor's corrected time), its setup done, just before the handler.
         ``exemplar``: the labels of the attempt's trace (tracing on, the span sampled), kept
-        on the start-delay bucket the first attempt lands in (OpenMetrics exposition)."""
-        if execution.attempt > 1:
+        on the start-delay bucket the first attempt lands in (OpenMetrics exposition).
+        ``attempt``: the attempt's number when it is not the execution's (a folded attempt
+        runs under the next one)."""
+        if (execution.attempt if attempt is None else attempt) > 1:
             self._retries_tally.n += 1
             return
         starts = self._starts_all
@@ -144,6 +153,15 @@ class NodeMetrics:
         children[1].observe(duration_s * 1000.0)
         if children[2] is not None:
             children[2].n += 1
+
+    def attempts_dispatched(self, claimed: int, folded: int) -> None:
+        """The dispatcher handed ``claimed`` attempts claimed in the ledger and ``folded``
+        attempts started without a recorded claim to the workers."""
+        dispatched = self._instruments.dispatched
+        if claimed:
+            dispatched.labels(DISPATCHED_CLAIMED).inc(claimed)
+        if folded:
+            dispatched.labels(DISPATCHED_FOLDED).inc(folded)
 
     def attempts_expired(self, n: int) -> None:
         """The redeliverer re-queued ``n`` attempts whose attempt lease ran out."""
