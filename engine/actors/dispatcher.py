@@ -81,7 +81,7 @@ from engine.ledger.params import (
     due_cursor,
 )
 from engine.metrics import SKIP_OVERLAP
-from engine.model import Execution
+from engine.model import Execution, startable_at
 from engine.tracing import CLAIMED
 
 log = logging.getLogger("carillon.dispatcher")
@@ -575,20 +575,30 @@ class Dispatcher:
         claims") and return them: of a kind that runs outside the node and a task type
         without a cluster cap (:func:`~engine.actors.task_kinds.fold_bound_s`), whose bound
         ends :data:`FOLD_START_MARGIN_S` before the trust window of their partition's lease
-        (``trusted``) -- no other node can take the partition while they run. They keep
+        (``trusted``) -- no other node can take the partition while they run -- and whose
+        instant is past by more than the clock monitor's uncertainty (or a claim judges it
+        by the database's clock). They keep
         their ``dispatching`` hold until closed: the ledger has them startable until their
         completion is written. Each also holds ``folded`` (a hand-back waits for it)."""
         folded: list[Attempt] = []
         bound_of = self._kinds.fold_bound_s
         latest = self._clock.monotonic() + FOLD_START_MARGIN_S
+        # Never early: a claim is refused before the instant by the database's clock, a fold
+        # only by the node's reading of it, which may be this far off.
+        due_by = self._monitor.now() - timedelta(seconds=min(self._monitor.uncertainty_s, 1e6))
         bounds: dict[str, float | None] = {}
         for attempt in attempts:
-            task_type = attempt.item.task_type
+            execution = attempt.item
+            task_type = execution.task_type
             if task_type in bounds:
                 bound_s = bounds[task_type]
             else:
                 bound_s = bounds[task_type] = bound_of(task_type)
-            if bound_s is not None and latest + bound_s <= trusted[attempt.partition_id]:
+            if (
+                bound_s is not None
+                and latest + bound_s <= trusted[attempt.partition_id]
+                and _due_by(execution, due_by)
+            ):
                 attempt.folded = True
                 attempt.fold_bound_s = bound_s
                 folded.append(attempt)
@@ -702,6 +712,14 @@ class Dispatcher:
                 await nudged.wait()
         if nudged.is_set():
             self._fetched = trio.Event()
+
+
+def _due_by(execution: Execution, instant: datetime) -> bool:
+    """Whether ``execution`` was startable at ``instant`` (``queued`` ones the dispatcher
+    pops are planned by then, ``failed`` ones due to retry; see
+    :func:`~engine.model.startable_at`)."""
+    at = startable_at(execution)
+    return at is not None and at <= instant
 
 
 def _position(cursor: DueCursor) -> Position:
