@@ -74,6 +74,7 @@ class Attempt(AttemptTicket[Execution]):
         "partition_id",
         "renewed_at",
         "scope",
+        "start_after",
         "started_at",
     )
 
@@ -91,6 +92,10 @@ class Attempt(AttemptTicket[Execution]):
         dispatcher instead of claiming it)."""
         self.fold_bound_s = 0.0
         """A folded attempt's handler runs at most this long (its task type's bound)."""
+        self.start_after = 0.0
+        """Monotonic time before which a folded attempt's handler must not start: its
+        instant may not have come yet by the database's clock (see the dispatcher's
+        ``_fold``)."""
         self.started_at: datetime | None = None
         """When its handler started, on the database-corrected clock (a folded attempt's
         completion records it)."""

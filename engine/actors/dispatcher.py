@@ -30,7 +30,10 @@ Three kinds of task share a :class:`~engine.core.fair_queue.FairQueue`:
 * **claimers** (two, so one claim's round trip overlaps the next) claim a batch in one
   fenced call (``executions_claim``: queued -> running, next attempt, attempt lease) and
   send what they claimed on the claimed channel to the workers. What is not claimed is
-  closed at once: its slots are free for the next pop.
+  closed at once: its slots are free for the next pop. Short attempts of out-of-process
+  kinds that fit the partition's trust window are *folded* instead (:meth:`Dispatcher._fold`;
+  docs/ledger.md, "Folded claims"): sent without a claim, their claim written with their
+  completion, and kept out of fetches until they are closed.
 
 Each claimed execution gets an attempt lease of ``attempt_lease_s``, which the worker pool
 renews while it holds the execution; a crashed node's attempts run out and the redeliverer
@@ -106,6 +109,9 @@ is still out."""
 FOLD_START_MARGIN_S: Final = 2.0
 """An attempt is folded only if its bound ends this long before its partition's trust
 window: the time it may wait for a worker (the hand-off holds about a second's work)."""
+FOLD_UNCERTAINTY_S_MAX: Final = 1.0
+"""While the node's reading of the database's clock may be further off than this (no probe
+yet, probes spread out), nothing is folded: the claim judges every instant instead."""
 SETTINGS_REFRESH_S: Final = 10.0
 """How often task-type caps and tenant weights and quotas are re-read from the ledger."""
 
@@ -486,14 +492,20 @@ class Dispatcher:
     async def _claim_and_send(
         self, attempts: list[Attempt], claimed: trio.MemorySendChannel[Attempt]
     ) -> None:
-        """Claim ``attempts`` and send the claimed ones to the workers. Each attempt is
-        either sent (the workers own it from then on) or closed here, whatever happens."""
+        """Claim ``attempts`` and send the claimed ones to the workers -- the folded ones
+        first, without waiting for the claim. Each attempt is either sent (the workers own it
+        from then on) or closed here, whatever happens."""
         sent: set[Attempt] = set()
-        try:
-            for attempt in await self._claim(attempts):
-                if not attempt.folded:
-                    attempt.release(DISPATCHING)  # running in the ledger: no fetch returns it
+
+        def send(attempts: list[Attempt]) -> None:
+            for attempt in attempts:
                 claimed.send_nowait(attempt)  # sized for every slot: never full
+                sent.add(attempt)
+
+        try:
+            for attempt in await self._claim(attempts, send):
+                attempt.release(DISPATCHING)  # running in the ledger: no fetch returns it
+                claimed.send_nowait(attempt)
                 sent.add(attempt)
         except Exception as exc:
             # Not worth the pipeline: the executions stay queued in the ledger (or running
@@ -505,10 +517,12 @@ class Dispatcher:
                 if attempt not in sent:  # not claimed, or never sent
                     attempt.close()
 
-    async def _claim(self, attempts: list[Attempt]) -> list[Attempt]:
-        """The attempts of ``attempts`` this node may start: the folded ones (see
-        :meth:`_fold`), then those the ledger gave it, marked claimed with their attempt
-        lease (running from when the successful claim was sent)."""
+    async def _claim(
+        self, attempts: list[Attempt], send_folded: Callable[[list[Attempt]], None]
+    ) -> list[Attempt]:
+        """The attempts of ``attempts`` that the ledger gave this node, marked claimed with
+        their attempt lease (running from when the successful claim was sent); those folded
+        instead (see :meth:`_fold`) go to ``send_folded`` before the claim is sent."""
         fences: dict[int, Fence] = {}
         trusted: dict[int, float] = {}
         for attempt in attempts:
@@ -523,11 +537,12 @@ class Dispatcher:
         folded = self._fold(wanted, trusted)
         if folded:
             wanted = [a for a in wanted if not a.folded]
-        self._counts["folded"] += len(folded)
+            self._counts["folded"] += len(folded)
+            send_folded(folded)
         if not wanted:
             self._metrics.attempts_dispatched(0, len(folded))
             self._counts["not_claimed"] += len(attempts) - len(folded)
-            return folded
+            return []
         lease_s = self.config.attempt_lease_s
         sent_at = [self._clock.monotonic()]
 
@@ -568,24 +583,31 @@ class Dispatcher:
         self._counts["claimed"] += len(claimed)
         self._counts["not_claimed"] += len(attempts) - len(claimed) - len(folded)
         self._metrics.attempts_dispatched(len(claimed), len(folded))
-        return folded + claimed
+        return claimed
 
     def _fold(self, attempts: list[Attempt], trusted: dict[int, float]) -> list[Attempt]:
         """Mark *folded* the attempts that need no recorded claim (docs/ledger.md, "Folded
         claims") and return them: of a kind that runs outside the node and a task type
         without a cluster cap (:func:`~engine.actors.task_kinds.fold_bound_s`), whose bound
         ends :data:`FOLD_START_MARGIN_S` before the trust window of their partition's lease
-        (``trusted``) -- no other node can take the partition while they run -- and whose
-        instant is past by more than the clock monitor's uncertainty (or a claim judges it
-        by the database's clock). They keep
+        (``trusted``) -- no other node can take the partition while they run. One popped
+        within the clock monitor's uncertainty of its instant gets a ``start_after``: a
+        claim would be judged by the database's clock, a fold only by the node's reading of
+        it, so its worker waits until the instant is surely past (a millisecond or so).
+        Nothing folds while that uncertainty exceeds :data:`FOLD_UNCERTAINTY_S_MAX`. They keep
         their ``dispatching`` hold until closed: the ledger has them startable until their
         completion is written. Each also holds ``folded`` (a hand-back waits for it)."""
         folded: list[Attempt] = []
+        uncertainty_s = self._monitor.uncertainty_s
+        if uncertainty_s > FOLD_UNCERTAINTY_S_MAX:
+            return folded
         bound_of = self._kinds.fold_bound_s
-        latest = self._clock.monotonic() + FOLD_START_MARGIN_S
-        # Never early: a claim is refused before the instant by the database's clock, a fold
-        # only by the node's reading of it, which may be this far off.
-        due_by = self._monitor.now() - timedelta(seconds=min(self._monitor.uncertainty_s, 1e6))
+        now = self._clock.monotonic()
+        latest = now + FOLD_START_MARGIN_S
+        # Never early: a claim is refused before the instant by the database's clock; a fold
+        # is judged by the node's reading of it, which may be this far off.
+        now_db = self._monitor.now()
+        due_by = now_db - timedelta(seconds=uncertainty_s)
         bounds: dict[str, float | None] = {}
         for attempt in attempts:
             execution = attempt.item
@@ -594,14 +616,16 @@ class Dispatcher:
                 bound_s = bounds[task_type]
             else:
                 bound_s = bounds[task_type] = bound_of(task_type)
-            if (
-                bound_s is not None
-                and latest + bound_s <= trusted[attempt.partition_id]
-                and _due_by(execution, due_by)
-            ):
-                attempt.folded = True
-                attempt.fold_bound_s = bound_s
-                folded.append(attempt)
+            if bound_s is None or latest + bound_s > trusted[attempt.partition_id]:
+                continue
+            at = startable_at(execution)
+            if at is None:
+                continue
+            if at > due_by:  # popped at its instant: its worker waits until it is surely due
+                attempt.start_after = now + (at - due_by).total_seconds()
+            attempt.folded = True
+            attempt.fold_bound_s = bound_s
+            folded.append(attempt)
         if folded:
             self._table.folds_started_each([attempt.partition_id for attempt in folded])
             Attempt.hold_each(folded, FOLDED, self._release_folded)
@@ -712,14 +736,6 @@ class Dispatcher:
                 await nudged.wait()
         if nudged.is_set():
             self._fetched = trio.Event()
-
-
-def _due_by(execution: Execution, instant: datetime) -> bool:
-    """Whether ``execution`` was startable at ``instant`` (``queued`` ones the dispatcher
-    pops are planned by then, ``failed`` ones due to retry; see
-    :func:`~engine.model.startable_at`)."""
-    at = startable_at(execution)
-    return at is not None and at <= instant
 
 
 def _position(cursor: DueCursor) -> Position:

@@ -303,6 +303,9 @@ class WorkerPool:
                     if attempt.abandoned:
                         return False  # taken away while it waited
                     run_started = self._clock.monotonic()
+                    if attempt.start_after > run_started:  # folded, popped at its instant
+                        await trio.sleep(attempt.start_after - run_started)  # never early
+                        run_started = self._clock.monotonic()
                     why_not = self._why_not_start(attempt, run_started)
                     if why_not is not None:
                         self._abandon(attempt, why_not)
