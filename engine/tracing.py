@@ -146,7 +146,7 @@ class Tracing:
                 SCHEDULE_ID: execution.schedule_id,
                 TENANT_ID: execution.tenant_id,
                 TASK_TYPE: execution.task_type,
-                ATTEMPT: execution.attempt,
+                ATTEMPT: attempt.number,
                 PLANNED_AT: execution.planned_at.isoformat(),
                 START_DELAY_S: start_delay_s,
                 PARTITION: execution.partition_id,

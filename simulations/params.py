@@ -129,6 +129,9 @@ class SimParams:
     hook_timeout_s: float | None = None
     """The ``hook`` task type's timeout, when the run has a hook fleet (the retry policy is
     the ``sim`` type's)."""
+    folding: tuple[str, ...] = ()
+    """Task types whose attempts fold (:mod:`simulations.folding`); none but in the
+    ``folded`` scenario."""
 
     @property
     def end_s(self) -> float:
@@ -275,7 +278,10 @@ def derive(
         partitions=rng.choice([1, 2, 4, 8, 16]),
         safety_s=safety_s,
         liveness_s=0.0,
-        settings=settings if built.workers is None else replace(settings, workers=built.workers),
+        settings=_with_lease(
+            settings if built.workers is None else replace(settings, workers=built.workers),
+            built.lease_ttl_s,
+        ),
         task=task,
         ledger_latency_s=round(rng.uniform(0.0005, 0.005), 4),
         schedules=tuple(schedules) + tuple(built.schedules),
@@ -284,10 +290,19 @@ def derive(
         dst_transition=transition,
         latency=tuple(built.latency),
         hook_timeout_s=built.hook_timeout_s,
+        folding=built.folding,
     )
     from simulations.bound import liveness_s  # the bound derives from the params
 
     return _with_liveness(base, liveness_s(base))
+
+
+def _with_lease(settings: NodeSettings, lease_ttl_s: float | None) -> NodeSettings:
+    """``settings`` with the partition lease a scenario asks for (its drawn safety margin
+    stays: it is under a third of any longer lease too)."""
+    if lease_ttl_s is None or lease_ttl_s <= settings.lease_ttl_s:
+        return settings
+    return replace(settings, lease_ttl_s=lease_ttl_s)
 
 
 def _with_liveness(params: SimParams, liveness: float) -> SimParams:

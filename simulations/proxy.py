@@ -52,6 +52,7 @@ FENCED: Final[dict[str, Callable[[Any], list[Fence]]]] = {
     "executions_claim": lambda p: list(p.fences),
     "executions_extend": lambda p: list(p.fences),
     "executions_complete": lambda p: list(p.fences),
+    "executions_finish": lambda p: list(p.fences),
     "executions_skip": lambda p: list(p.fences),
     "executions_requeue_expired": lambda p: list(p.fences),
 }

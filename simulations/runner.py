@@ -27,6 +27,7 @@ from simulations.check_failover import FailoverChecker, FailoverReport
 from simulations.check_fires import FireChecker, FireReport
 from simulations.effects import Delivery
 from simulations.expect import expect
+from simulations.folding import folding
 from simulations.leases import PRIMARY
 from simulations.params import SimParams
 from simulations.trace import Trace
@@ -56,6 +57,9 @@ class Result:
     """Every handler start, in order."""
     failover: FailoverReport | None = None
     """The region failover's report, in a run that has one."""
+    folded: int = 0
+    """Attempts the nodes started without a recorded claim (their dispatchers' count, as
+    the last pipeline of each node process kept it)."""
 
     @property
     def ok(self) -> bool:
@@ -103,7 +107,11 @@ def run_simulation(params: SimParams, *, trace_file: TextIO | None = None) -> Re
     trace = Trace(trace_file)
     world = World(params, trace)
     started = time.perf_counter()
-    with deterministic_trio(params.seed), engine_errors_captured() as errors:
+    with (
+        deterministic_trio(params.seed),
+        engine_errors_captured() as errors,
+        folding(params.folding),
+    ):
         trio.run(world.main, clock=trio.testing.MockClock(autojump_threshold=0))
     wall_s = time.perf_counter() - started
     expectation = expect(
@@ -150,6 +158,7 @@ def run_simulation(params: SimParams, *, trace_file: TextIO | None = None) -> Re
         executions=world.executions,
         deliveries=world.sinks.deliveries,
         failover=failover,
+        folded=sum(node.dispatcher.statistics().folded for node in world.nodes_built),
     )
 
 
@@ -184,6 +193,11 @@ def summary(result: Result, *, violations_shown: int = 30) -> list[str]:
         f"leases acquired {result.acquisitions}  fenced writes accepted {result.accepted_writes}  "
         f"refused {result.refused_writes} (zombie and late writes fenced off)",
         *([] if result.failover is None else result.failover.lines()),
+        *(
+            [f"folded starts {result.folded} (claims written with their completions)"]
+            if result.params.folding
+            else []
+        ),
         f"trace {result.events} events, hash {result.digest}",
         f"simulated {result.node_hours:.1f} node-hours in {result.wall_s:.2f}s wall: "
         f"{result.node_hours_per_s:.1f} node-hours per wall-second",

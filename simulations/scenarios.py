@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Final
 
@@ -92,6 +92,10 @@ class Built:
     workers: int | None = None
     """Workers per node, when the scenario decides (the default otherwise)."""
     hook_timeout_s: float | None = None
+    lease_ttl_s: float | None = None
+    """A longer partition lease than drawn, when the scenario needs one."""
+    folding: tuple[str, ...] = ()
+    """Task types whose attempts fold (:mod:`simulations.folding`)."""
 
 
 def _at(ctx: Context, length_s: float = 0.0, rng: random.Random | None = None) -> float:
@@ -503,6 +507,57 @@ def keep_a_node_in_the_active_region(
     return kept
 
 
+def folded(ctx: Context, count: int | None = None) -> Built:
+    """Folded claims (docs/ledger.md, "Folded claims"): a hook fleet of 30-120 schedules
+    firing together, its attempts short (a 0.5-2 s timeout, a tenth to two fifths of it of
+    work) and folded -- started without a recorded claim, their claim written with their
+    completion -- on a 15 or 30 s partition lease whose trust window holds them. Crashes and
+    pauses past the lease are aimed within half a timeout after a fleet's fire, while its
+    folded attempts run or their completions are on the way; a rebalance hands partitions
+    back, an outage stops every write. The ``sim`` schedules are claimed as usual."""
+    rng = ctx.rng
+    period_s = 60.0 * rng.choices([1, 2, 5], [3, 2, 1])[0]
+    expression = HOOK_EXPRESSIONS[[60.0, 120.0, 300.0].index(period_s)]
+    fires_each = (ctx.safety_s + 1800.0) / period_s
+    fleet = min(rng.randint(30, 120), max(int(HOOK_FIRES_MAX / fires_each), 10))
+    ttl = max(ctx.settings.lease_ttl_s, rng.choice([15.0, 30.0]))
+    timeout = rng.choice([0.5, 1.0, 2.0])
+    # Work of a tenth to two fifths of the timeout: a fire's folded attempts run for a while,
+    # and the faults below land among them.
+    hooks = [
+        replace(hook, run_s=round(timeout * rng.uniform(0.1, 0.4), 3))
+        for hook in draw_hooks(rng, fleet, expression)
+    ]
+    built = Built(
+        schedules=hooks,
+        hook_timeout_s=timeout,
+        lease_ttl_s=ttl,
+        folding=(HOOK_TYPE,),
+    )
+    for _ in range(count or rng.randint(1, 2)):
+        at = _hook_fire(ctx, period_s, ttl * 4) + rng.uniform(0.0, timeout / 2)
+        down = None if rng.random() < 0.1 else round(rng.uniform(1.0, 4 * ttl), 3)
+        built.faults.append(Crash(round(at, 4), rng.choice(ctx.nodes), down))
+    for _ in range(rng.randint(1, 2)):
+        duration = round(ttl * rng.uniform(1.2, 3.0), 3)
+        at = _hook_fire(ctx, period_s, duration) + rng.uniform(0.0, timeout / 2)
+        built.faults.append(Pause(round(at, 4), rng.choice(ctx.nodes), duration))
+    built.faults += rebalance(ctx, rng.randint(1, 3)).faults
+    if rng.random() < 0.5:
+        built.faults += outage(ctx, 1).faults
+    return built
+
+
+def _hook_fire(ctx: Context, period_s: float, length_s: float) -> float:
+    """A fire of a hook fleet firing every ``period_s`` (seconds from the start) inside the
+    safety phase, with ``length_s`` after it."""
+    latest = ctx.safety_s - COOL_DOWN_S - length_s
+    first = WARM_UP_S + (-(ctx.start.timestamp() + WARM_UP_S)) % period_s
+    if latest < first:
+        return _at(ctx, length_s)
+    return first + period_s * ctx.rng.randint(0, int((latest - first) // period_s))
+
+
 SCENARIOS: Final[dict[str, Callable[[Context], Built]]] = {
     "calm": calm,
     "crash": crash,
@@ -517,5 +572,6 @@ SCENARIOS: Final[dict[str, Callable[[Context], Built]]] = {
     "region": region,
     "region-unfenced": region_unfenced,
     "latency": latency,
+    "folded": folded,
     "random": random_mix,
 }

@@ -70,6 +70,8 @@ class World:
         )
         self.hosts: dict[str, Host] = {}
         self.violations: list[str] = []
+        self.nodes_built: list[Node] = []
+        """Every node process's :class:`Node`, restarts included."""
         self.faults_injected: Counter[str] = Counter()
         self.executions: list[Execution] = []
         self.healed = False
@@ -209,6 +211,7 @@ class World:
         node = Node(
             config, ledger, host.clock, stream(self.params.seed, f"node:{name}"), tracing=None
         )
+        self.nodes_built.append(node)
         return node, ledger
 
     def _context(self, process: Process) -> None:

@@ -86,6 +86,9 @@ FAMILIES: list[Family] = [
      "Attempts started after the first (retries, redeliveries, replays)."),
     ("carillon_attempts_expired", "counter", (),
      "Running attempts whose attempt lease ran out, put back in the queue."),
+    ("carillon_attempts_dispatched", "counter", ("path",),
+     "Attempts handed to the workers, by path: 'claimed' (the claim recorded in the ledger "
+     "first) or 'folded' (the claim written with the completion)."),
     ("carillon_start_delay_seconds", "histogram", ("le",),
      "Planned instant -> first attempt started, in seconds (early starts count as 0)."),
     ("carillon_starts", "counter", (), "First attempts started (the SLO's denominator)."),

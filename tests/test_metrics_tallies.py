@@ -185,7 +185,11 @@ def test_a_batch_of_starts_and_successes_counts_as_each_one_alone(tenant_labels:
     ]
     durations = edges(DURATION_BUCKETS_MS) + [rng.uniform(0, 4e3) for _ in range(300)]
     for first in range(0, len(delays), 64):  # in batches as a worker reports them
-        batched.executions_started_each(started[first : first + 64], delays[first : first + 64])
+        batched.executions_started_each(
+            started[first : first + 64],
+            delays[first : first + 64],
+            [one.attempt for one in started[first : first + 64]],
+        )
     batched.executions_finished_each("hook", "succeeded", durations)
     batched.executions_finished_each("hook", "dead-letter", durations[:5])
     for one, delay_s in zip(started, delays, strict=True):

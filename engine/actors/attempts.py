@@ -13,12 +13,21 @@ resource         taken                               given back
 ``slot``         popped (counts toward the room)     its handler ended, or it never ran
 ``limits``       popped (the fair queue reserved     its handler ended, or it never ran
                  the tenant's and task type's slot)
-``dispatching``  popped (kept out of fetches while   claimed or not claimed
-                 still startable in the ledger)
+``dispatching``  popped (kept out of fetches while   claimed or not claimed; a folded
+                 still startable in the ledger)      attempt: closed (its completion
+                                                     written or dropped, or never run)
 ``overlap``      admitted by the overlap policy      its handler ended, or it never ran
 ``in_flight``    sent to be claimed (a partition     its completion was written or dropped,
                  hand-back waits for it)             or it was not claimed or abandoned
+``folded``       folded (a hand-back waits for it    closed, as ``in_flight``
+                 past its drain, to the end of the
+                 partition's trust window)
 ===============  ==================================  ========================================
+
+A *folded* attempt (docs/ledger.md, "Folded claims") is started without a claim: the ledger
+keeps its execution startable until the completion writes claim and outcome in one step, so
+it holds ``dispatching`` to the end, has no attempt lease to renew, and runs under the
+number after its execution's (:attr:`Attempt.number`).
 
 :class:`Room` is the admission state those slots count against: the dispatcher asks it how
 many to pop (:func:`~engine.core.admission.claim_size`, against the capacity of the moment),
@@ -28,6 +37,7 @@ and each slot given back wakes the dispatcher once a claim's worth is free again
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Final
 
 import trio
@@ -45,6 +55,7 @@ LIMITS: Final = "limits"
 DISPATCHING: Final = "dispatching"
 OVERLAP: Final = "overlap"
 IN_FLIGHT: Final = "in_flight"
+FOLDED: Final = "folded"
 RUN_RESOURCES: Final = (OVERLAP, LIMITS, SLOT)
 """Given back when the handler ends (or would have run and did not)."""
 
@@ -57,10 +68,14 @@ class Attempt(AttemptTicket[Execution]):
         "claim_span",
         "claimed",
         "completion",
+        "fold_bound_s",
+        "folded",
         "lease_s",
         "partition_id",
         "renewed_at",
         "scope",
+        "start_after",
+        "started_at",
     )
 
     def __init__(
@@ -72,6 +87,18 @@ class Attempt(AttemptTicket[Execution]):
         self.partition_id = execution.partition_id
         self.claimed = False
         """The ledger has it running under this node's attempt (set by the claim)."""
+        self.folded = False
+        """Started without a claim: its completion writes the claim too (set by the
+        dispatcher instead of claiming it)."""
+        self.fold_bound_s = 0.0
+        """A folded attempt's handler runs at most this long (its task type's bound)."""
+        self.start_after = 0.0
+        """Monotonic time before which a folded attempt's handler must not start: its
+        instant may not have come yet by the database's clock (see the dispatcher's
+        ``_fold``)."""
+        self.started_at: datetime | None = None
+        """When its handler started, on the database-corrected clock (a folded attempt's
+        completion records it)."""
         self.lease_s = 0.0
         self.renewed_at = 0.0
         """Monotonic time the claim or the last renewal of its attempt lease was sent."""
@@ -98,9 +125,20 @@ class Attempt(AttemptTicket[Execution]):
                 release(self)
 
     @property
+    def number(self) -> int:
+        """The number of this attempt: its execution's as claimed, or the next one when
+        folded (the ledger still has the execution under its previous attempt)."""
+        return self.item.attempt + 1 if self.folded else self.item.attempt
+
+    @property
     def running_here(self) -> bool:
         """Claimed, and its run not over yet: its attempt lease is renewed."""
         return self.claimed and not self.abandoned and self.holds(SLOT)
+
+    @property
+    def held_here(self) -> bool:
+        """Claimed or folded, and its run not over yet."""
+        return (self.claimed or self.folded) and not self.abandoned and self.holds(SLOT)
 
 
 class Room:

@@ -27,6 +27,7 @@ renewing its leases, so its partitions went unplanned for as long as its clock w
 from __future__ import annotations
 
 import logging
+import math
 import random
 import statistics
 from collections import deque
@@ -71,6 +72,13 @@ class ClockMonitor:
         self._anchors: deque[datetime] = deque(maxlen=config.samples)
         """``db - monotonic midpoint`` of each sample, as an instant at monotonic zero."""
         self._anchor: datetime | None = None
+        self._half_trips: deque[float] = deque(maxlen=config.samples)
+        """Half the round trip of each sample: how far its midpoint may be off."""
+        self.uncertainty_s = math.inf
+        """How far :meth:`now` may be from the database's clock, at most: half the longest
+        round trip of the samples, plus their spread (infinite before the first probe).
+        What the node starts without asking the database -- a folded attempt -- waits
+        until its instant is this far behind (docs/ledger.md, "Folded claims")."""
         self._allowed = False
         self._reason = "no measurement yet"
         self._wall_off = False
@@ -101,6 +109,8 @@ class ClockMonitor:
         self._anchors.append(database - timedelta(seconds=before_mono + elapsed / 2))
         self._anchor = statistics.median_low(self._anchors)
         spread = (max(self._anchors) - min(self._anchors)).total_seconds()
+        self._half_trips.append(elapsed / 2)
+        self.uncertainty_s = max(self._half_trips) + spread
         bound = self.config.bound_s
         self._note_wall_offset(bound)
         if spread > bound:

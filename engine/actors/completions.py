@@ -7,13 +7,17 @@ Worker gained 4-10x by exactly this. Completions are idempotent (guarded by atte
 number), so a write whose reply was lost is simply retried. Completions of partitions this
 node no longer owns are dropped: the new owner re-queues those executions when their
 attempt lease runs out (at-least-once; the execution id is the idempotency key
-downstream). Written, refused or dropped, every attempt of a batch is closed in a
-``finally``: its in-flight count settles (a partition hand-back waits for it).
+downstream), or, for a folded attempt, finds them still queued and runs them again.
+Folded attempts' completions go in their own call, ``executions_finish``, which writes
+the claim with the outcome (docs/ledger.md, "Folded claims"). Written, refused or
+dropped, every attempt of a batch is closed in a ``finally``: its in-flight count settles
+(a partition hand-back waits for it).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import msgspec
@@ -22,7 +26,13 @@ import trio
 from engine.actors.attempts import Attempt
 from engine.actors.context import NodeContext
 from engine.actors.retry import call_fenced
-from engine.ledger.params import CompleteResult, Completion, ExecutionsComplete, Fence
+from engine.ledger.params import (
+    CompleteResult,
+    Completion,
+    ExecutionsComplete,
+    ExecutionsFinish,
+    Fence,
+)
 
 log = logging.getLogger("carillon.completions")
 
@@ -55,9 +65,12 @@ class CompletionWriter:
         config: CompletionWriterConfig,
         *,
         ctx: NodeContext,
+        node_id: str,
     ) -> None:
         self.config = config
         self._ledger = ctx.ledger
+        self._node_id = node_id
+        """Recorded as the claimer of the folded attempts it finishes."""
         self._table = ctx.table
         self._rng = ctx.rng
         self._counts = {"written": 0, "stale": 0, "dropped": 0, "batches": 0}
@@ -93,20 +106,33 @@ class CompletionWriter:
                     attempt.close()
 
     async def write(self, batch: list[Attempt]) -> None:
-        """Write one batch, dropping completions of partitions no longer owned."""
+        """Write one batch, dropping completions of partitions no longer owned: the claimed
+        attempts' with ``executions_complete``, the folded ones' with ``executions_finish``
+        (their claim and completion in one step), each call fenced."""
         fences: dict[int, Fence] = {}
-        kept: list[Attempt] = []
+        claimed: list[Attempt] = []
+        folded: list[Attempt] = []
         for attempt in batch:
             owned = self._table.get(attempt.partition_id)
             if owned is None or attempt.completion is None:
                 self._counts["dropped"] += 1
                 continue
             fences[attempt.partition_id] = owned.fence
-            kept.append(attempt)
+            (folded if attempt.folded else claimed).append(attempt)
+        for kept, call in ((claimed, self._complete), (folded, self._finish)):
+            if kept:
+                await self._write(fences, kept, call)
+
+    async def _write(
+        self,
+        fences: dict[int, Fence],
+        kept: list[Attempt],
+        call: Callable[[list[Fence], list[Attempt]], Awaitable[CompleteResult]],
+    ) -> None:
+        used = {attempt.partition_id: fences[attempt.partition_id] for attempt in kept}
         result, written, lost = await call_fenced(
-            fences, kept, _partition_of, self._complete, rng=self._rng, log=log,
-            what="write completions",
-        )  # fmt: skip
+            used, kept, _partition_of, call, rng=self._rng, log=log, what="write completions"
+        )
         if lost:
             log.warning("completions of lost partitions %s dropped", sorted(lost))
             self._counts["dropped"] += len(kept) - len(written)
@@ -118,6 +144,12 @@ class CompletionWriter:
     async def _complete(self, fences: list[Fence], attempts: list[Attempt]) -> CompleteResult:
         completions: list[Completion] = [a.completion for a in attempts if a.completion]
         return await self._ledger.executions_complete(ExecutionsComplete(fences, completions))
+
+    async def _finish(self, fences: list[Fence], attempts: list[Attempt]) -> CompleteResult:
+        completions: list[Completion] = [a.completion for a in attempts if a.completion]
+        return await self._ledger.executions_finish(
+            ExecutionsFinish(fences, completions, self._node_id)
+        )
 
     def statistics(self) -> CompletionStatistics:
         c = self._counts

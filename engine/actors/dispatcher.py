@@ -30,7 +30,10 @@ Three kinds of task share a :class:`~engine.core.fair_queue.FairQueue`:
 * **claimers** (two, so one claim's round trip overlaps the next) claim a batch in one
   fenced call (``executions_claim``: queued -> running, next attempt, attempt lease) and
   send what they claimed on the claimed channel to the workers. What is not claimed is
-  closed at once: its slots are free for the next pop.
+  closed at once: its slots are free for the next pop. Short attempts of out-of-process
+  kinds that fit the partition's trust window are *folded* instead (:meth:`Dispatcher._fold`;
+  docs/ledger.md, "Folded claims"): sent without a claim, their claim written with their
+  completion, and kept out of fetches until they are closed.
 
 Each claimed execution gets an attempt lease of ``attempt_lease_s``, which the worker pool
 renews while it holds the execution; a crashed node's attempts run out and the redeliverer
@@ -55,7 +58,7 @@ import msgspec
 import trio
 
 from engine.actors.announcements import Announcements
-from engine.actors.attempts import DISPATCHING, IN_FLIGHT, LIMITS, Attempt, Room
+from engine.actors.attempts import DISPATCHING, FOLDED, IN_FLIGHT, LIMITS, Attempt, Room
 from engine.actors.context import NodeContext
 from engine.actors.overlap import OverlapGuard
 from engine.actors.retry import call_fenced
@@ -81,7 +84,7 @@ from engine.ledger.params import (
     due_cursor,
 )
 from engine.metrics import SKIP_OVERLAP
-from engine.model import Execution
+from engine.model import Execution, startable_at
 from engine.tracing import CLAIMED
 
 log = logging.getLogger("carillon.dispatcher")
@@ -103,6 +106,12 @@ next fetch, which comes at once while any is wanted."""
 CLAIMERS: Final = 2
 """Claims in flight at once: the next batch is claimed while the previous one's round trip
 is still out."""
+FOLD_START_MARGIN_S: Final = 2.0
+"""An attempt is folded only if its bound ends this long before its partition's trust
+window: the time it may wait for a worker (the hand-off holds about a second's work)."""
+FOLD_UNCERTAINTY_S_MAX: Final = 1.0
+"""While the node's reading of the database's clock may be further off than this (no probe
+yet, probes spread out), nothing is folded: the claim judges every instant instead."""
 SETTINGS_REFRESH_S: Final = 10.0
 """How often task-type caps and tenant weights and quotas are re-read from the ledger."""
 
@@ -144,6 +153,8 @@ class DispatcherStatistics(msgspec.Struct, frozen=True):
     claim_errors: int = 0
     """Claims that failed with an unexpected error (logged; their executions stay queued in
     the ledger for a later fetch)."""
+    folded: int = 0
+    """Attempts started without a recorded claim (docs/ledger.md, "Folded claims")."""
 
 
 class Dispatcher:
@@ -181,7 +192,13 @@ class Dispatcher:
         )
         self._fetched = trio.Event()
         self._to_read, self._pages_to_read = trio.open_memory_channel[list[str]](READ_AHEAD_PAGES)
-        self._counts = {"claimed": 0, "not_claimed": 0, "fetches": 0, "claim_errors": 0}
+        self._counts = {
+            "claimed": 0,
+            "not_claimed": 0,
+            "fetches": 0,
+            "claim_errors": 0,
+            "folded": 0,
+        }
         self._settings_due = -math.inf
         self._recheck_due = -math.inf
         self.overlap = OverlapGuard(
@@ -190,7 +207,13 @@ class Dispatcher:
         self._overlap_skipped_counted = 0
         """``overlap.skipped`` when last added to the metrics."""
         self._dispatching: set[str] = set()
-        """Popped, and not yet claimed or given up: still startable in the ledger."""
+        """Popped, and not yet claimed or given up: still startable in the ledger. A folded
+        attempt stays here until it is closed."""
+        self._reading = False
+        self._settled_while_reading: set[str] = set()
+        """Folded attempts closed while a read of due executions was out: it may have read
+        them before their completion committed, still startable, and must not queue them
+        again (their handler ran; a second would run it again)."""
         self._fetch_ahead = timedelta(seconds=config.fetch_ahead_s)
         self._backlog = False
         """The last fetch returned a full page: more is startable than the queue holds."""
@@ -218,6 +241,7 @@ class Dispatcher:
         self._release_limits = self._limits_released
         self._release_dispatching = self._dispatched
         self._release_in_flight = self._settled
+        self._release_folded = self._fold_settled
         self._popped_hold: dict[str, Callable[[Attempt], object]] = {
             LIMITS: self._release_limits,
             DISPATCHING: self._release_dispatching,
@@ -232,10 +256,26 @@ class Dispatcher:
         self._limits.finished(execution.tenant_id, execution.task_type)
 
     def _dispatched(self, attempt: Attempt) -> None:
-        self._dispatching.discard(attempt.item.execution_id)
+        execution_id = attempt.item.execution_id
+        self._dispatching.discard(execution_id)
+        if attempt.folded and self._reading:
+            self._settled_while_reading.add(execution_id)
 
     def _settled(self, attempt: Attempt) -> None:
         self._table.attempts_settled(attempt.partition_id)
+
+    def _fold_settled(self, attempt: Attempt) -> None:
+        self._table.fold_settled(attempt.partition_id)
+
+    async def _read_due(self, params: ExecutionsDue) -> list[Execution]:
+        """``executions_due``, noting the folded attempts closed meanwhile (see
+        :meth:`_is_new`); one read at a time (the fetch loop's)."""
+        self._settled_while_reading.clear()
+        self._reading = True
+        try:
+            return await self._ledger.executions_due(params)
+        finally:
+            self._reading = False
 
     def _count_overlap_skips(self) -> None:
         """Add the executions the overlap guard recorded as skipped since the last time."""
@@ -293,6 +333,7 @@ class Dispatcher:
             announcements_dropped=self._announcements.dropped,
             due=max(len(self.queue) - self.queue.statistics().not_yet_due, 0),
             claim_errors=c["claim_errors"],
+            folded=c["folded"],
         )
 
     def has_due(self) -> bool:
@@ -319,7 +360,7 @@ class Dispatcher:
                 break
             limit = min(refill.limit, room)
             after = None if refill.after is None else DueCursor(*refill.after)
-            due = await self._ledger.executions_due(
+            due = await self._read_due(
                 ExecutionsDue(owned, before, limit, after=after, tenant_id=refill.tenant_id)
             )
             last = _position(due_cursor(due[-1])) if due else refill.after
@@ -337,7 +378,7 @@ class Dispatcher:
             return 0
         limit = min(PAGE_SIZE_MAX, room)
         after = self._cursor
-        due = await self._ledger.executions_due(ExecutionsDue(owned, before, limit, after=after))
+        due = await self._read_due(ExecutionsDue(owned, before, limit, after=after))
         # A full page means more is startable now: fetch the next page as soon as the queue
         # runs low instead of waiting for the fallback interval, starting after this one (a
         # backlog is paged through once instead of re-reading what the queue holds already).
@@ -362,10 +403,12 @@ class Dispatcher:
         return await self._queue_page(page.queue)
 
     def _is_new(self, execution: Execution) -> bool:
-        """Not queued, being started or held back already."""
+        """Not queued, being started or held back already, nor a folded attempt's that
+        finished while it was being read (the ledger had it startable until then)."""
         return (
             execution.execution_id not in self.queue
             and execution.execution_id not in self._dispatching
+            and execution.execution_id not in self._settled_while_reading
             and not self.overlap.is_held(execution)
         )
 
@@ -449,13 +492,20 @@ class Dispatcher:
     async def _claim_and_send(
         self, attempts: list[Attempt], claimed: trio.MemorySendChannel[Attempt]
     ) -> None:
-        """Claim ``attempts`` and send the claimed ones to the workers. Each attempt is
-        either sent (the workers own it from then on) or closed here, whatever happens."""
+        """Claim ``attempts`` and send the claimed ones to the workers -- the folded ones
+        first, without waiting for the claim. Each attempt is either sent (the workers own it
+        from then on) or closed here, whatever happens."""
         sent: set[Attempt] = set()
-        try:
-            for attempt in await self._claim(attempts):
-                attempt.release(DISPATCHING)  # running in the ledger: no fetch returns it
+
+        def send(attempts: list[Attempt]) -> None:
+            for attempt in attempts:
                 claimed.send_nowait(attempt)  # sized for every slot: never full
+                sent.add(attempt)
+
+        try:
+            for attempt in await self._claim(attempts, send):
+                attempt.release(DISPATCHING)  # running in the ledger: no fetch returns it
+                claimed.send_nowait(attempt)
                 sent.add(attempt)
         except Exception as exc:
             # Not worth the pipeline: the executions stay queued in the ledger (or running
@@ -467,18 +517,32 @@ class Dispatcher:
                 if attempt not in sent:  # not claimed, or never sent
                     attempt.close()
 
-    async def _claim(self, attempts: list[Attempt]) -> list[Attempt]:
+    async def _claim(
+        self, attempts: list[Attempt], send_folded: Callable[[list[Attempt]], None]
+    ) -> list[Attempt]:
         """The attempts of ``attempts`` that the ledger gave this node, marked claimed with
-        their attempt lease (running from when the successful claim was sent)."""
+        their attempt lease (running from when the successful claim was sent); those folded
+        instead (see :meth:`_fold`) go to ``send_folded`` before the claim is sent."""
         fences: dict[int, Fence] = {}
+        trusted: dict[int, float] = {}
         for attempt in attempts:
             owned = self._table.get(attempt.partition_id)
             if owned is not None and not owned.draining:
                 fences[owned.fence.partition_id] = owned.fence
+                trusted[owned.fence.partition_id] = owned.trusted_until
         wanted = [a for a in attempts if a.partition_id in fences]
         # In flight from now (a hand-back of the partition waits for it) until closed.
         self._table.attempts_started_each([attempt.partition_id for attempt in wanted])
         Attempt.hold_each(wanted, IN_FLIGHT, self._release_in_flight)
+        folded = self._fold(wanted, trusted)
+        if folded:
+            wanted = [a for a in wanted if not a.folded]
+            self._counts["folded"] += len(folded)
+            send_folded(folded)
+        if not wanted:
+            self._metrics.attempts_dispatched(0, len(folded))
+            self._counts["not_claimed"] += len(attempts) - len(folded)
+            return []
         lease_s = self.config.attempt_lease_s
         sent_at = [self._clock.monotonic()]
 
@@ -517,8 +581,55 @@ class Dispatcher:
             got.renewed_at = sent_at[0]
             claimed.append(got)
         self._counts["claimed"] += len(claimed)
-        self._counts["not_claimed"] += len(attempts) - len(claimed)
+        self._counts["not_claimed"] += len(attempts) - len(claimed) - len(folded)
+        self._metrics.attempts_dispatched(len(claimed), len(folded))
         return claimed
+
+    def _fold(self, attempts: list[Attempt], trusted: dict[int, float]) -> list[Attempt]:
+        """Mark *folded* the attempts that need no recorded claim (docs/ledger.md, "Folded
+        claims") and return them: of a kind that runs outside the node and a task type
+        without a cluster cap (:func:`~engine.actors.task_kinds.fold_bound_s`), whose bound
+        ends :data:`FOLD_START_MARGIN_S` before the trust window of their partition's lease
+        (``trusted``) -- no other node can take the partition while they run. One popped
+        within the clock monitor's uncertainty of its instant gets a ``start_after``: a
+        claim would be judged by the database's clock, a fold only by the node's reading of
+        it, so its worker waits until the instant is surely past (a millisecond or so).
+        Nothing folds while that uncertainty exceeds :data:`FOLD_UNCERTAINTY_S_MAX`. They keep
+        their ``dispatching`` hold until closed: the ledger has them startable until their
+        completion is written. Each also holds ``folded`` (a hand-back waits for it)."""
+        folded: list[Attempt] = []
+        uncertainty_s = self._monitor.uncertainty_s
+        if uncertainty_s > FOLD_UNCERTAINTY_S_MAX:
+            return folded
+        bound_of = self._kinds.fold_bound_s
+        now = self._clock.monotonic()
+        latest = now + FOLD_START_MARGIN_S
+        # Never early: a claim is refused before the instant by the database's clock; a fold
+        # is judged by the node's reading of it, which may be this far off.
+        now_db = self._monitor.now()
+        due_by = now_db - timedelta(seconds=uncertainty_s)
+        bounds: dict[str, float | None] = {}
+        for attempt in attempts:
+            execution = attempt.item
+            task_type = execution.task_type
+            if task_type in bounds:
+                bound_s = bounds[task_type]
+            else:
+                bound_s = bounds[task_type] = bound_of(task_type)
+            if bound_s is None or latest + bound_s > trusted[attempt.partition_id]:
+                continue
+            at = startable_at(execution)
+            if at is None:
+                continue
+            if at > due_by:  # popped at its instant: its worker waits until it is surely due
+                attempt.start_after = now + (at - due_by).total_seconds()
+            attempt.folded = True
+            attempt.fold_bound_s = bound_s
+            folded.append(attempt)
+        if folded:
+            self._table.folds_started_each([attempt.partition_id for attempt in folded])
+            Attempt.hold_each(folded, FOLDED, self._release_folded)
+        return folded
 
     async def refresh_settings(self) -> None:
         """Apply the stored task-type caps and tenant weights and quotas."""

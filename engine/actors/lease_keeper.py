@@ -17,14 +17,15 @@ Each cycle (every ``ttl / 3``):
    the partition (:meth:`~engine.actors.partitions.PartitionTable.drain`): nothing more of
    it is claimed, while its planner plans on and the attempts already claimed there finish
    and their completions are written under the still-valid fence -- for at most
-   :data:`HAND_BACK_DRAIN_S`. Then it drops the partition locally, waits briefly for the
-   planner to stop, and releases the lease, so the joining node takes it at once. The
-   hand-back runs beside the cycle, not inside it: the cycle goes on renewing every lease
-   (the draining ones too) while a hand-back waits, so no lease passes its trust window
-   because a hand-back was slow. Without the drain, those completions would be refused and
-   the attempts run a second time after their attempt lease. A node of a standby region
-   acquires nothing; after a region failover its leases were revoked in the ledger, so its
-   next renewal drops them (step 1).
+   :data:`HAND_BACK_DRAIN_S`, and for its folded attempts (docs/ledger.md, "Folded claims")
+   to the end of its trust window, within which each of them ends. Then it drops the
+   partition locally, waits briefly for the planner to stop, and releases the lease, so the
+   joining node takes it at once. The hand-back runs beside the cycle, not inside it: the
+   cycle goes on renewing every lease (the draining ones too) while a hand-back waits, so
+   no lease passes its trust window because a hand-back was slow. Without the drain, those
+   completions would be refused and the attempts run a second time after their attempt
+   lease. A node of a standby region acquires nothing; after a region failover its leases
+   were revoked in the ledger, so its next renewal drops them (step 1).
 
 Between cycles the keeper also wakes as soon as the live set changes (a node joined, or a
 crashed node's heartbeat ran out) and just after the earliest lease of another node is due
@@ -262,6 +263,11 @@ class LeaseKeeper:
         ids = [owned.fence.partition_id for owned in drained]
         with trio.move_on_at(self._clock.monotonic() + HAND_BACK_DRAIN_S):
             await self._table.wait_settled(ids)
+        # A folded attempt has no attempt lease to hold the joining node back: released under
+        # it, its execution (still queued) would run there at once, beside it. Each ends within
+        # the trust window it started in (its bound must fit), so wait for them that long.
+        with trio.move_on_at(max(owned.trusted_until for owned in drained)):
+            await self._table.wait_folds_settled(ids)
         unsettled = sum(self._table.attempts_in_flight(p) for p in ids)
         if unsettled:
             log.warning(

@@ -52,6 +52,7 @@ class PartitionTable:
         self._owned: dict[int, OwnedPartition] = {}
         self._changed = trio.Event()
         self._inflight: dict[int, int] = {}
+        self._folds: dict[int, int] = {}
         self._settled = trio.Event()
 
     def __contains__(self, partition_id: object) -> bool:
@@ -125,6 +126,33 @@ class PartitionTable:
 
     def attempts_in_flight(self, partition_id: int) -> int:
         return self._inflight.get(partition_id, 0)
+
+    # -- folded attempts in flight (a subset of the above) ---------------------------------
+
+    def folds_started_each(self, partition_ids: Iterable[int]) -> None:
+        """One folded attempt started per item of ``partition_ids``: no attempt lease keeps
+        another node from running its execution once the lease is released (docs/ledger.md,
+        "Folded claims"), so a hand-back waits for these beyond its drain."""
+        for partition_id, count in _tally(partition_ids).items():
+            self._folds[partition_id] = self._folds.get(partition_id, 0) + count
+
+    def fold_settled(self, partition_id: int) -> None:
+        """A folded attempt of ``partition_id`` settled (closed)."""
+        left = self._folds.get(partition_id, 0) - 1
+        if left > 0:
+            self._folds[partition_id] = left
+            return
+        self._folds.pop(partition_id, None)
+        self._settled.set()
+        self._settled = trio.Event()
+
+    def folds_in_flight(self, partition_id: int) -> int:
+        return self._folds.get(partition_id, 0)
+
+    async def wait_folds_settled(self, partition_ids: list[int]) -> None:
+        """Block until no folded attempt of ``partition_ids`` is in flight on this node."""
+        while any(p in self._folds for p in partition_ids):
+            await self._settled.wait()
 
     async def wait_settled(self, partition_ids: list[int]) -> None:
         """Block until no attempt of ``partition_ids`` is in flight on this node."""

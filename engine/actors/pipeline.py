@@ -144,7 +144,9 @@ class ExecutionPipeline:
             announcements=announcements,
             room=self.room,
         )
-        self.completions = CompletionWriter(config.completions, ctx=ctx)
+        self.completions = CompletionWriter(
+            config.completions, ctx=ctx, node_id=config.dispatcher.node_id
+        )
         self._resumed_at = clock.monotonic()
         """Monotonic time the watchdog last found the process had been frozen."""
         self._stuck_since: float | None = None

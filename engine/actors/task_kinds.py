@@ -19,12 +19,13 @@ import msgspec
 import trio
 
 from engine.clock import Clock
-from engine.core.retry_policy import RetryPolicy
+from engine.core.retry_policy import ATTEMPT_OVERRUN_S, RetryPolicy
 from engine.errors import CarillonError
 from engine.handlers import Handler, HandlerOptions, build_handler
 from engine.handlers.base import is_inline
 from engine.handlers.brokers import BrokerBridge
 from engine.handlers.http_client import WebhookClient
+from engine.handlers.noop import NoopHandler
 from engine.handlers.registry import retry_horizon_of
 from engine.ledger.base import Ledger
 from engine.model import HandlerKind, TaskType
@@ -40,6 +41,22 @@ CALLING_OUT_KINDS: Final = frozenset(
 )
 """Handler kinds that call another service: their attempt span is a client span, the
 parent of the receiver's or consumer's trace (``engine/tracing.py``)."""
+FOLDING_KINDS: Final = frozenset(
+    {
+        HandlerKind.NOOP,
+        HandlerKind.WEBHOOK,
+        HandlerKind.REDIS,
+        HandlerKind.NATS,
+        HandlerKind.RABBITMQ,
+    }
+)
+"""Handler kinds whose attempts may be *folded*: started without a recorded claim, the claim
+written with the completion (docs/ledger.md, "Folded claims"). Only kinds that run outside
+the node's process: a python or shell handler that takes its node down would, folded,
+leave no trace of its attempt, and be retried forever uncounted."""
+NOOP_BOUND_S: Final = 1.0
+"""How long a noop attempt takes at most beyond its ``delay_s`` (it returns at once): the
+bound a fold of it must fit in the partition's trust window."""
 BLOCKING_GROUP: Final = "blocking"
 CACHE_TTL_S_DEFAULT: Final = 10.0
 
@@ -54,6 +71,23 @@ class TaskKind(msgspec.Struct, frozen=True):
     inline: bool = False
     """Its handler declared itself inline (:func:`~engine.handlers.base.is_inline`) and is of
     no blocking kind: the workers run its attempts in batches."""
+    fold_bound_s: float | None = None
+    """How long an attempt may run at most when folded (its deadline then); ``None``: its
+    attempts are never folded (see :func:`fold_bound_s`)."""
+
+
+def fold_bound_s(task_type: TaskType, handler: Handler) -> float | None:
+    """How long a folded attempt of ``task_type`` may run: the task type's timeout and the
+    workers' grace, or the kind's own bound when shorter (noop: its delay and
+    :data:`NOOP_BOUND_S`). ``None`` when its attempts must be claimed: a kind that runs in
+    the node's process (not in :data:`FOLDING_KINDS`), or a task type with a cluster cap
+    (the cap counts the ``running`` executions a fold never writes)."""
+    if task_type.kind not in FOLDING_KINDS or task_type.max_concurrency_cluster is not None:
+        return None
+    bound_s = task_type.timeout_s + ATTEMPT_OVERRUN_S
+    if isinstance(handler, NoopHandler):
+        bound_s = min(bound_s, handler.delay_s + NOOP_BOUND_S)
+    return bound_s
 
 
 class TaskKinds:
@@ -87,6 +121,13 @@ class TaskKinds:
         """The fresh entry for ``name``, or ``None`` (then :meth:`get` reads it)."""
         kind = self._kinds.get(name)
         return kind if kind is not None and kind.expires > now else None
+
+    def fold_bound_s(self, name: str) -> float | None:
+        """:attr:`TaskKind.fold_bound_s` of the task type last read, however old (``None``
+        for one not read yet: claim it). A cluster cap set meanwhile binds folds from the
+        next refresh (:data:`~engine.actors.dispatcher.SETTINGS_REFRESH_S`)."""
+        kind = self._kinds.get(name)
+        return None if kind is None else kind.fold_bound_s
 
     def task_type(self, name: str) -> TaskType | None:
         """The task type last read, however old (the overlap policy's default)."""
@@ -138,6 +179,8 @@ class TaskKinds:
                 backoff_max_s=task_type.backoff_max_s,
             )
             inline = is_inline(handler) and task_type.kind not in BLOCKING_KINDS
-            kind = TaskKind(expires, task_type, handler, policy, inline)
+            kind = TaskKind(
+                expires, task_type, handler, policy, inline, fold_bound_s(task_type, handler)
+            )
         self._kinds[task_type.name] = kind
         return kind

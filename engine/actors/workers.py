@@ -47,6 +47,9 @@ that replaced it is the one that counts.
 less than :data:`ATTEMPT_START_WITHIN` of its attempt lease has passed since the claim or
 the last renewal *began*: after that, the lease may have run out (a node frozen or cut off
 from the database) and the partition's owner may have re-queued and re-run the execution.
+A *folded* attempt (docs/ledger.md, "Folded claims") has no attempt lease: it starts only
+if its bound -- its deadline here -- ends within the partition's trust window, and never in
+a partition being handed back; it runs under the attempt number after its execution's.
 
 **Durations** feed the pipeline's :class:`~engine.core.admission.HandoffSizer`, measured
 from the handler's start (not from the hand-off, which a frozen process would stretch) and
@@ -244,7 +247,7 @@ class WorkerPool:
         return self._busy
 
     def statistics(self) -> WorkerStatistics:
-        held = sum(1 for attempt in self._room.open if attempt.running_here)
+        held = sum(1 for attempt in self._room.open if attempt.held_here)
         return WorkerStatistics(
             self._busy,
             dict(self._finished),
@@ -397,6 +400,8 @@ class WorkerPool:
         """To run one by one after the batch."""
         started: list[Execution] = []
         delays: list[float] = []
+        numbers: list[int] = []
+        """The attempts' numbers (a folded attempt runs under its execution's next one)."""
         succeeded: dict[str, list[float]] = {}
         """The durations of the successes, by task type."""
         running: Attempt | None = None
@@ -409,8 +414,13 @@ class WorkerPool:
             delay_at: dict[datetime, float] = {}
             started_at = trio.current_time()
             grace = TIMEOUT_GRACE_S
-            deadline = started_at + min(kind.task_type.timeout_s for kind in kinds) + grace
-            with trio.CancelScope(deadline=deadline) as scope:
+            bounds = [
+                attempt.fold_bound_s if attempt.folded else kind.task_type.timeout_s + grace
+                for attempt, kind in zip(batch, kinds, strict=True)
+            ]
+            """How long each may run: a folded attempt its bound, any other its timeout and
+            the grace."""
+            with trio.CancelScope(deadline=started_at + min(bounds)) as scope:
                 for attempt in batch:
                     reached += 1
                     if attempt.abandoned:
@@ -426,8 +436,14 @@ class WorkerPool:
                         done.append(attempt)
                         continue
                     schedule = self._schedules.cached(execution.schedule_id, now)
-                    if schedule is UNCACHED or not _runs_under(schedule, execution):
-                        alone.append(attempt)  # a read first: alone, after the batch
+                    if (
+                        schedule is UNCACHED
+                        or not _runs_under(schedule, execution)
+                        or attempt.start_after > run_started
+                    ):
+                        # A read first, or a folded attempt popped at its instant that must
+                        # wait out the clock's uncertainty (never early): alone, after.
+                        alone.append(attempt)
                         continue
                     why_not = self._why_not_start(attempt, run_started)
                     if why_not is not None:
@@ -438,18 +454,22 @@ class WorkerPool:
                     delay_s = delay_at.get(planned_at)
                     if delay_s is None:
                         delay_s = delay_at[planned_at] = (monitor_now - planned_at).total_seconds()
+                    number = attempt.number
                     started.append(execution)
                     delays.append(delay_s)
+                    numbers.append(number)
+                    if attempt.folded:  # its finish records when it started
+                        attempt.started_at = monitor_now
                     timeout_s = task_type.timeout_s
                     ran: object = None
-                    if run_started < started_at + timeout_s + grace:  # else: its deadline passed
+                    if run_started < started_at + bounds[reached - 1]:  # else: its deadline passed
                         context = ExecutionContext(
                             execution_id=execution.execution_id,
                             schedule_id=execution.schedule_id,
                             tenant_id=execution.tenant_id,
                             task_type=execution.task_type,
                             planned_at=planned_at,
-                            attempt=execution.attempt,
+                            attempt=number,
                             fencing_token=execution.fencing_token or 0,
                             payload=schedule.payload,
                         )
@@ -476,7 +496,10 @@ class WorkerPool:
                             durations = succeeded[execution.task_type] = []
                         durations.append(ran_s)
                         attempt.completion = Completion(
-                            execution.execution_id, execution.attempt, Outcome.SUCCEEDED
+                            execution.execution_id,
+                            number,
+                            Outcome.SUCCEEDED,
+                            started_at=monitor_now if attempt.folded else None,
                         )
                         attempt.run_ended()
                         done.append(attempt)
@@ -490,15 +513,19 @@ class WorkerPool:
                     done.append(running)
                 alone += batch[reached:]
         finally:
-            self._counted(started, delays, succeeded)
+            self._counted(started, delays, numbers, succeeded)
         return done, alone
 
     def _counted(
-        self, started: list[Execution], delays: list[float], succeeded: dict[str, list[float]]
+        self,
+        started: list[Execution],
+        delays: list[float],
+        numbers: list[int],
+        succeeded: dict[str, list[float]],
     ) -> None:
         """The metrics of an inline batch's starts and successes, added at once."""
         if started:
-            self._metrics.executions_started_each(started, delays)
+            self._metrics.executions_started_each(started, delays, numbers)
         for task_type, durations in succeeded.items():
             self._metrics.executions_finished_each(task_type, _SUCCEEDED.outcome, durations)
             self._finished[_SUCCEEDED.outcome] = self._finished.get(_SUCCEEDED.outcome, 0) + len(
@@ -584,7 +611,7 @@ class WorkerPool:
                     tenant_id=execution.tenant_id,
                     task_type=execution.task_type,
                     planned_at=execution.planned_at,
-                    attempt=execution.attempt,
+                    attempt=attempt.number,
                     fencing_token=execution.fencing_token or 0,
                     payload=schedule.payload,
                 )
@@ -597,24 +624,32 @@ class WorkerPool:
                     if attempt.abandoned:
                         return False  # taken away while it waited
                     run_started = self._clock.monotonic()
+                    if attempt.start_after > run_started:  # folded, popped at its instant
+                        await trio.sleep(attempt.start_after - run_started)  # never early
+                        run_started = self._clock.monotonic()
                     why_not = self._why_not_start(attempt, run_started)
                     if why_not is not None:
                         self._abandon(attempt, why_not)
                         return False
                     timeout_s = kind.task_type.timeout_s
-                    delay_s = (self._monitor.now() - execution.planned_at).total_seconds()
+                    started_at = attempt.started_at = self._monitor.now()
+                    delay_s = (started_at - execution.planned_at).total_seconds()
                     token: object = None
                     if tracing is None:
-                        self._metrics.execution_started(execution, delay_s)
+                        self._metrics.execution_started(execution, delay_s, attempt=attempt.number)
                     else:
                         client = kind.task_type.kind in CALLING_OUT_KINDS
                         span = tracing.start_attempt(attempt, delay_s, client=client)
                         exemplar = Tracing.exemplar(span)
-                        self._metrics.execution_started(execution, delay_s, exemplar=exemplar)
+                        self._metrics.execution_started(
+                            execution, delay_s, exemplar=exemplar, attempt=attempt.number
+                        )
                         token = Tracing.attach(span)  # the handler's current span
                     # One scope for both ends of a run: the deadline (the handler hangs) and an
                     # abandonment (the attempt was taken away; see _abandon).
-                    deadline = trio.current_time() + timeout_s + TIMEOUT_GRACE_S
+                    deadline = trio.current_time() + (
+                        attempt.fold_bound_s if attempt.folded else timeout_s + TIMEOUT_GRACE_S
+                    )
                     ran: HandlerResult | None = None
                     self._busy += 1
                     try:
@@ -675,20 +710,30 @@ class WorkerPool:
         self._metrics.skipped(SCHEDULE_DELETED)
         return Completion(
             execution.execution_id,
-            execution.attempt,
+            attempt.number,
             outcome,
             None,
             SCHEDULE_DELETED,
             SCHEDULE_DELETED_MESSAGE,
+            self._monitor.now() if attempt.folded else None,
         )
 
     def _why_not_start(self, attempt: Attempt, now: float) -> str | None:
-        """Why ``attempt``'s handler must not start now, or ``None``."""
+        """Why ``attempt``'s handler must not start now, or ``None``. A folded attempt has
+        no attempt lease: what keeps another node from running it meanwhile is this node's
+        partition lease, so its bound must end within the lease's trust window, and it does
+        not start in a partition being handed back (docs/ledger.md, "Folded claims")."""
         owned = self._table.get(attempt.partition_id)
         if owned is None:
             return "its partition is no longer owned here"
         if owned.trusted_until <= now:
             return "its partition's lease is no longer trusted"
+        if attempt.folded:
+            if now + attempt.fold_bound_s > owned.trusted_until:
+                return "its bound ends after its partition's trust window (folded)"
+            if owned.draining:
+                return "its partition is being handed back (folded)"
+            return None
         if now - attempt.renewed_at >= attempt.lease_s * ATTEMPT_START_WITHIN:
             return "its attempt lease may have run out before it could start"
         return None
@@ -709,12 +754,13 @@ class WorkerPool:
         self, attempt: Attempt, result: HandlerResult, policy: RetryPolicy, ran_s: float
     ) -> Completion:
         execution = attempt.item
+        number = attempt.number
         if result.kind is OutcomeKind.SUCCEEDED:
             decision = _SUCCEEDED  # what decide() says of a success, without reading the clock
         else:
             decision = decide(
                 result.kind,
-                execution.attempt,
+                number,
                 policy,
                 self._monitor.now(),  # retry times are compared with the database's clock
                 self._rng,
@@ -724,13 +770,17 @@ class WorkerPool:
         self._metrics.execution_finished(execution.task_type, decision.outcome, ran_s)
         if decision.not_before is not None:
             self._announcements.announce(decision.not_before)
+        started_at = None
+        if attempt.folded:  # the finish records when it started (now: its setup failed)
+            started_at = attempt.started_at or self._monitor.now()
         return Completion(
             execution.execution_id,
-            execution.attempt,
+            number,
             _OUTCOMES[decision.outcome],
             decision.not_before,
             result.error_code,
             result.error_message,
+            started_at,
         )
 
     async def _read(self, call: Callable[[], Awaitable[T]]) -> T:
@@ -799,9 +849,7 @@ class WorkerPool:
 
     def _abandon(self, attempt: Attempt, why: str) -> None:
         execution = attempt.execution
-        log.warning(
-            "attempt %d of %s abandoned: %s", execution.attempt, execution.execution_id, why
-        )
+        log.warning("attempt %d of %s abandoned: %s", attempt.number, execution.execution_id, why)
         attempt.abandoned = True
         self._counts["abandoned"] += 1
         if attempt.scope is not None:

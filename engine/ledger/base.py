@@ -54,6 +54,7 @@ from engine.ledger.params import (
     ExecutionsComplete,
     ExecutionsDue,
     ExecutionsExtend,
+    ExecutionsFinish,
     ExecutionsPlan,
     ExecutionsPurge,
     ExecutionsQuery,
@@ -444,6 +445,23 @@ class Ledger(Protocol):
         ``succeeded``/``dead-letter``/``skipped`` are terminal (``finished_at`` = now);
         ``failed`` waits for ``not_before``. Each applied completion is added to the attempt
         history. Others are returned as ``stale``. Fenced like claim.
+        """
+        ...
+
+    async def executions_finish(self, params: ExecutionsFinish) -> CompleteResult:
+        """Finish *folded* attempts -- started by the partition's owner without a claim --
+        in one step, guarded by attempt number (docs/ledger.md, "Folded claims").
+
+        A completion applies only if the execution is startable now (as in
+        :meth:`executions_claim`: ``queued``, or ``failed`` with its retry due) with
+        ``attempt`` one less than the completion's: it then moves to the outcome as
+        :meth:`executions_complete` would move a running one, with ``attempt`` = the
+        completion's, ``started_at`` = the completion's (never after now), the node
+        ``node_id`` as its claimer and the fence's token. Its attempt is recorded in the
+        history like a completed one's. Others -- claimed or finished meanwhile (a second
+        finish of the same attempt), skipped, not yet startable, unknown -- are returned as
+        ``stale``. Cluster caps are not counted: the node folds no capped task type. Fenced
+        like claim; ``InvalidField`` for a completion without ``started_at``.
         """
         ...
 

@@ -543,6 +543,9 @@ class Completion(msgspec.Struct, frozen=True):
     """For ``failed``: when the retry may start."""
     error_code: str | None = None
     error_message: str | None = None
+    started_at: datetime | None = None
+    """For :class:`ExecutionsFinish` (required there): when the node started the handler.
+    :class:`ExecutionsComplete` ignores it (the claim recorded the start)."""
 
 
 class ExecutionsComplete(msgspec.Struct, frozen=True):
@@ -553,27 +556,61 @@ class ExecutionsComplete(msgspec.Struct, frozen=True):
         """At most :data:`BATCH_ROWS_MAX` completions, each of a known outcome, its retry
         instant aware (both returned normalised: an :class:`Outcome`, UTC). A batch that
         needs no normalising is returned as it is (the hot path)."""
-        check_batch(len(self.completions), BATCH_ROWS_MAX, field="completions")
-        normal = True
-        for completion in self.completions:
-            outcome, not_before = completion.outcome, completion.not_before
-            if outcome not in _OUTCOMES:
-                raise InvalidField(f"unknown outcome {outcome!r}")
-            if not_before is not None:
-                utc(not_before, field="not_before")
-                normal = normal and not_before.tzinfo is UTC
-            normal = normal and type(outcome) is Outcome
-        if normal:
+        completions = _checked_completions(self.completions, started=False)
+        if completions is self.completions:
             return self
-        completions = [
-            msgspec.structs.replace(
-                completion,
-                outcome=Outcome(completion.outcome),
-                not_before=utc_or_none(completion.not_before, field="not_before"),
-            )
-            for completion in self.completions
-        ]
         return msgspec.structs.replace(self, completions=completions)
+
+
+class ExecutionsFinish(msgspec.Struct, frozen=True):
+    """Finish *folded* attempts: attempts the node started without claiming them, so the
+    ledger still has their executions startable (``queued``, or ``failed`` awaiting a retry).
+    Each completion's ``attempt`` is the new attempt's number (the execution's + 1) and its
+    ``started_at`` when the handler started (docs/ledger.md, "Folded claims")."""
+
+    fences: list[Fence]
+    completions: list[Completion]
+    node_id: str
+
+    def checked(self) -> Self:
+        """As :meth:`ExecutionsComplete.checked`, and every completion has an aware
+        ``started_at`` (returned in UTC)."""
+        completions = _checked_completions(self.completions, started=True)
+        if completions is self.completions:
+            return self
+        return msgspec.structs.replace(self, completions=completions)
+
+
+def _checked_completions(completions: list[Completion], *, started: bool) -> list[Completion]:
+    """``completions`` checked (see :meth:`ExecutionsComplete.checked`), the same list when
+    nothing needed normalising; with ``started``, each must carry its ``started_at``."""
+    check_batch(len(completions), BATCH_ROWS_MAX, field="completions")
+    normal = True
+    for completion in completions:
+        outcome, not_before = completion.outcome, completion.not_before
+        if outcome not in _OUTCOMES:
+            raise InvalidField(f"unknown outcome {outcome!r}")
+        if not_before is not None:
+            utc(not_before, field="not_before")
+            normal = normal and not_before.tzinfo is UTC
+        if started:
+            started_at = completion.started_at
+            if started_at is None:
+                raise InvalidField("a folded completion needs started_at")
+            utc(started_at, field="started_at")
+            normal = normal and started_at.tzinfo is UTC
+        normal = normal and type(outcome) is Outcome
+    if normal:
+        return completions
+    return [
+        msgspec.structs.replace(
+            completion,
+            outcome=Outcome(completion.outcome),
+            not_before=utc_or_none(completion.not_before, field="not_before"),
+            started_at=utc_or_none(completion.started_at, field="started_at"),
+        )
+        for completion in completions
+    ]
 
 
 class CompleteResult(msgspec.Struct, frozen=True):

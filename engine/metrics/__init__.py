@@ -49,6 +49,8 @@ the tallies are added to the children there.
 """
 
 from engine.metrics.declarations import (
+    DISPATCHED_CLAIMED,
+    DISPATCHED_FOLDED,
     DURATION_BUCKETS_MS,
     ENQUEUE_DELAY_BUCKETS_S,
     FIXED_LABEL_VALUES_MAX,
@@ -68,6 +70,8 @@ from engine.metrics.exposition import render
 from engine.metrics.node_metrics import NodeMetrics
 
 __all__ = [
+    "DISPATCHED_CLAIMED",
+    "DISPATCHED_FOLDED",
     "DURATION_BUCKETS_MS",
     "ENQUEUE_DELAY_BUCKETS_S",
     "FIXED_LABEL_VALUES_MAX",

@@ -28,6 +28,11 @@ LEASE_LOST_REFUSED: Final = "refused"
 """A renewal matched no lease row: another node holds the partition now."""
 LEASE_LOST_EXPIRED: Final = "expired"
 """The local trust window ran out before a renewal succeeded: the node stepped down."""
+DISPATCHED_CLAIMED: Final = "claimed"
+"""An attempt whose claim was recorded in the ledger before its handler started."""
+DISPATCHED_FOLDED: Final = "folded"
+"""An attempt started without a recorded claim, its claim written with its completion
+(docs/ledger.md, "Folded claims")."""
 SKIP_OVERLAP: Final = "overlap"
 SKIP_CATCHUP_BULK: Final = "catchup_bulk"
 """One per range of missed fires skipped without a record of each (counts ranges, not fires)."""
@@ -120,6 +125,13 @@ class Instruments:
             "Running attempts whose attempt lease ran out, put back in the queue.",
             registry=r,
         )
+        self.dispatched = Counter(
+            "carillon_attempts_dispatched_total",
+            "Attempts handed to the workers, by path: 'claimed' (the claim recorded in the "
+            "ledger first) or 'folded' (the claim written with the completion).",
+            ["path"],
+            registry=r,
+        )
         self.start_delay = Histogram(
             "carillon_start_delay_seconds",
             "Planned instant -> first attempt started, in seconds (early starts count as 0).",
@@ -170,6 +182,8 @@ class Instruments:
         )
         for reason in (LEASE_LOST_REFUSED, LEASE_LOST_EXPIRED):
             self.lease_lost.labels(reason)  # both series exist from the start, at 0
+        for path in (DISPATCHED_CLAIMED, DISPATCHED_FOLDED):
+            self.dispatched.labels(path)
 
 
 # -- gauges, computed at scrape time ----------------------------------------------------------

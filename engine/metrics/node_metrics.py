@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from engine.config import SLO_TARGET_S_DEFAULT
 from engine.errors import ConfigError
 from engine.metrics.declarations import (
+    DISPATCHED_CLAIMED,
+    DISPATCHED_FOLDED,
     FIXED_LABEL_VALUES_MAX,
     LABEL_VALUES_MAX_DEFAULT,
     SLO_WINDOW_STARTS_DEFAULT,
@@ -108,13 +110,20 @@ class NodeMetrics:
         self._instruments.skipped.labels(self._reasons(reason)).inc(n)
 
     def execution_started(
-        self, execution: Execution, start_delay_s: float, exemplar: dict[str, str] | None = None
+        self,
+        execution: Execution,
+        start_delay_s: float,
+        exemplar: dict[str, str] | None = None,
+        *,
+        attempt: int | None = None,
     ) -> None:
         """A worker starts ``execution``'s attempt ``start_delay_s`` after its planned instant
         (on the clock monitor's corrected time), its setup done, just before the handler.
         ``exemplar``: the labels of the attempt's trace (tracing on, the span sampled), kept
-        on the start-delay bucket the first attempt lands in (OpenMetrics exposition)."""
-        if execution.attempt > 1:
+        on the start-delay bucket the first attempt lands in (OpenMetrics exposition).
+        ``attempt``: the attempt's number when it is not the execution's (a folded attempt
+        runs under the next one)."""
+        if (execution.attempt if attempt is None else attempt) > 1:
             self._retries_tally.n += 1
             return
         starts = self._starts_all
@@ -146,21 +155,26 @@ class NodeMetrics:
             children[2].n += 1
 
     def executions_started_each(
-        self, executions: Sequence[Execution], start_delays_s: Sequence[float]
+        self,
+        executions: Sequence[Execution],
+        start_delays_s: Sequence[float],
+        attempts: Sequence[int],
     ) -> None:
-        """:meth:`execution_started` for each of ``executions`` with its start delay (no
-        exemplars: tracing is off), as a worker's batch of inline attempts reports them: the
-        same observations, the counters added once."""
+        """:meth:`execution_started` for each of ``executions`` with its start delay and its
+        attempt's number (no exemplars: tracing is off), as a worker's batch of inline
+        attempts reports them: the same observations, the counters added once."""
         starts = self._starts_all
         if starts is None:  # tenant labels: each start finds its tenant's children
-            for execution, delay_s in zip(executions, start_delays_s, strict=True):
-                self.execution_started(execution, delay_s)
+            for execution, delay_s, number in zip(
+                executions, start_delays_s, attempts, strict=True
+            ):
+                self.execution_started(execution, delay_s, attempt=number)
             return
         observe, record = starts[0].observe, self._window.record
         slo_target_s = self.slo_target_s
         retries = late_n = 0
-        for execution, delay_s in zip(executions, start_delays_s, strict=True):
-            if execution.attempt > 1:
+        for delay_s, number in zip(start_delays_s, attempts, strict=True):
+            if number > 1:
                 retries += 1
                 continue
             if not delay_s > 0.0:
@@ -187,6 +201,15 @@ class NodeMetrics:
             observe(duration_s * 1000.0)
         if children[2] is not None:
             children[2].n += len(durations_s)
+
+    def attempts_dispatched(self, claimed: int, folded: int) -> None:
+        """The dispatcher handed ``claimed`` attempts claimed in the ledger and ``folded``
+        attempts started without a recorded claim to the workers."""
+        dispatched = self._instruments.dispatched
+        if claimed:
+            dispatched.labels(DISPATCHED_CLAIMED).inc(claimed)
+        if folded:
+            dispatched.labels(DISPATCHED_FOLDED).inc(folded)
 
     def attempts_expired(self, n: int) -> None:
         """The redeliverer re-queued ``n`` attempts whose attempt lease ran out."""

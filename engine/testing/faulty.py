@@ -17,7 +17,9 @@ A call goes through these stages:
 4. the **delay** of the method (:meth:`FaultyLedger.delay`) passes;
 5. the inner ledger runs the call (``LeaseLost`` and other errors pass through);
 6. a **lost reply** (:meth:`FaultyLedger.lose_reply`): the write committed, yet the caller
-   sees ``LedgerUnavailable`` -- the crash-after-commit case.
+   sees ``LedgerUnavailable`` -- the crash-after-commit case;
+7. the **reply delay** of the method (:meth:`FaultyLedger.delay_reply`) passes: the answer,
+   as of step 5, arrives that much later (a read that is stale when it comes back).
 
 Every call that reached the inner ledger is counted in :attr:`FaultyLedger.calls`, and every
 call that came back is written to :attr:`FaultyLedger.history` with its outcome. No randomness
@@ -96,6 +98,9 @@ class FaultyLedger:
         self.delays: dict[str, float] = {}
         """Extra seconds every call of the named method takes before it reaches the ledger
         (a slow round trip); see :meth:`delay`."""
+        self.reply_delays: dict[str, float] = {}
+        """Extra seconds the reply of every call of the named method takes to come back
+        after the ledger answered; see :meth:`delay_reply`."""
         self.calls: Counter[str] = Counter()
         """Calls that reached the inner ledger, by method."""
         self.in_flight: Counter[str] = Counter()
@@ -156,6 +161,17 @@ class FaultyLedger:
             self._delay_when.pop(method, None)
         else:
             self._delay_when[method] = when
+
+    def delay_reply(self, method: str, seconds: float) -> None:
+        """Every reply of ``method`` comes back ``seconds`` after the ledger answered (the
+        answer is as of then: what it read may have changed meanwhile); 0 removes it."""
+        _check(method)
+        if seconds < 0:
+            raise ValueError("a delay cannot be negative")
+        if seconds == 0:
+            self.reply_delays.pop(method, None)
+        else:
+            self.reply_delays[method] = seconds
 
     def hold(self, method: str, *, when: Callable[[tuple[Any, ...]], bool] | None = None) -> Hold:
         """Hold every call of ``method`` (whose arguments satisfy ``when``, if given) in
@@ -241,6 +257,9 @@ class FaultyLedger:
             self._lost_replies[method] -= 1
             self.history.append((method, "reply-lost"))
             raise LedgerUnavailable("connection lost before the reply (commit unknown)")
+        reply_delay = self.reply_delays.get(method)
+        if reply_delay is not None:
+            await trio.sleep(reply_delay)
         self.history.append((method, "ok"))
         return result
 

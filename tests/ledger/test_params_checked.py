@@ -21,6 +21,7 @@ from engine.ledger.params import (
     ExecutionsComplete,
     ExecutionsDue,
     ExecutionsExtend,
+    ExecutionsFinish,
     ExecutionsPlan,
     ExecutionsQuery,
     ExecutionsSkip,
@@ -91,6 +92,16 @@ def fire(**overrides: object) -> PlannedExecution:
             ExecutionsComplete([FENCE], [Completion("s:x", 1, "won")]),  # type: ignore[arg-type]
             "unknown outcome 'won'",
         ),
+        (
+            ExecutionsFinish([FENCE], [Completion("s:x", 1, Outcome.SUCCEEDED)], "n1"),
+            "a folded completion needs started_at",
+        ),
+        (
+            ExecutionsFinish(
+                [FENCE], [Completion("s:x", 1, Outcome.SUCCEEDED, started_at=NAIVE)], "n1"
+            ),
+            f"started_at {NAIVE.isoformat()} has no UTC offset",
+        ),
         (ExecutionsSkip([FENCE], ["s:x"], ""), "a skipped execution must carry an error_code"),
         (LeasesAcquire("", [0], 10), "owner_id must not be empty"),
         (NodesHeartbeat("n1", "default", 10, float("inf")), "clock_offset_s must be a finite"),
@@ -150,6 +161,17 @@ def test_a_well_formed_hot_path_batch_is_not_copied() -> None:
     assert complete.checked() is complete
     claim = ExecutionsClaim([FENCE], ["s:x"], 30, "n1")
     assert claim.checked() is claim
+    finish = ExecutionsFinish([FENCE], [Completion("s:x", 1, Outcome.FAILED, started_at=NOW)], "n")
+    assert finish.checked() is finish
+
+
+def test_a_folded_completion_comes_back_with_its_start_in_utc() -> None:
+    finish = ExecutionsFinish(
+        [FENCE], [Completion("s:x", 1, Outcome.SUCCEEDED, started_at=NOW.astimezone(PLUS_TWO))], "n"
+    )
+    (completion,) = finish.checked().completions
+    assert completion.started_at == NOW
+    assert completion.started_at.tzinfo is UTC
 
 
 def test_an_outcome_given_as_text_comes_back_as_an_outcome() -> None:

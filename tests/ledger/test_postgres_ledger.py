@@ -16,7 +16,7 @@ import secrets
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -946,10 +946,26 @@ async def test_claims_and_completions_find_their_batch_by_key_whatever_the_stati
         tokens,
     )
     capped_types = await explain_plans(url, sql_executions.TASK_TYPES_CAPPED_AMONG, waiting)
+    finish = await explain_plans(
+        url,
+        sql_executions.EXECUTIONS_FINISH,
+        text_array(waiting),
+        int_array([2] * batch),
+        text_array(["succeeded"] * batch),
+        timestamptz_array([None] * batch),
+        text_array([None] * batch),
+        text_array([None] * batch),
+        timestamptz_array([datetime.now(UTC)] * batch),
+        partitions,
+        owners,
+        tokens,
+        "node-a",
+    )
     # Before, the completion read executions_running_task_type_idx, the claim
     # executions_startable_idx (and so did the look for capped task types among the ids):
-    # each batch then cost as much as everything running or waiting.
-    for plans in (completion, claim, capped_types):
+    # each batch then cost as much as everything running or waiting. A folded claim's
+    # finish reads its batch as the claim does.
+    for plans in (completion, claim, capped_types, finish):
         for plan in plans.values():
             assert indexes_reading(plan, "executions") == ["executions_pkey"]
 

@@ -1,7 +1,8 @@
 """Planning, dispatch and the execution history, in memory (the twin of
 :mod:`engine.ledger.postgres.executions`): the planner's writes, the due read, claim,
-attempt-lease renewal, completion, skip, re-queue of expired attempts and retention, then
-the reads of one execution, a query, and the statistics a dashboard charts.
+attempt-lease renewal, completion, finish (a claim folded into its completion), skip,
+re-queue of expired attempts and retention, then the reads of one execution, a query, and
+the statistics a dashboard charts.
 
 Every fenced call checks its input (``params.checked()``, then the routing of every id to
 a fenced partition) and then every fence before changing anything, so a refused call
@@ -28,6 +29,7 @@ from engine.ledger.params import (
     ExecutionsComplete,
     ExecutionsDue,
     ExecutionsExtend,
+    ExecutionsFinish,
     ExecutionsPlan,
     ExecutionsPurge,
     ExecutionsQuery,
@@ -216,6 +218,33 @@ class ExecutionMethods(MemoryState):
                 continue
             token = tokens[execution.partition_id]
             self._executions.put(*transitions.finished(execution, completion, token, now))
+            applied.append(completion.execution_id)
+        return CompleteResult(applied=applied, stale=stale)
+
+    async def executions_finish(self, params: ExecutionsFinish) -> CompleteResult:
+        await trio.lowlevel.checkpoint()
+        params = params.checked()
+        completions = params.completions
+        self._require_fenced_ids([c.execution_id for c in completions], params.fences)
+        now = self._now()
+        tokens = self._leases.require(params.fences, now)
+        applied: list[str] = []
+        stale: list[str] = []
+        for completion in completions:
+            execution = self._executions.get(completion.execution_id)
+            if (
+                execution is None
+                or not is_startable(execution, now)
+                or execution.attempt != completion.attempt - 1
+            ):
+                stale.append(completion.execution_id)
+                continue
+            token = tokens[execution.partition_id]
+            started = completion.started_at
+            assert started is not None  # checked()
+            self._executions.put(
+                *transitions.folded(execution, completion, token, min(started, now), now)
+            )
             applied.append(completion.execution_id)
         return CompleteResult(applied=applied, stale=stale)
 

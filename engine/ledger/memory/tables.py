@@ -151,6 +151,16 @@ def finished(
     return row, attempt
 
 
+def folded(
+    execution: Execution, completion: Completion, token: int, started_at: datetime, now: datetime
+) -> tuple[Execution, Attempt]:
+    """``queued``/``failed`` -> the completion's outcome under the next attempt number, with
+    the attempt's history record: :func:`claimed` at ``started_at`` and :func:`finished` at
+    ``now`` in one step (a folded claim; docs/ledger.md, "Folded claims")."""
+    running = claimed(execution, token, started_at, timedelta(0))
+    return finished(running, completion, token, now)
+
+
 def requeued(execution: Execution, token: int, now: datetime) -> tuple[Execution, Attempt]:
     """``running`` with an expired attempt lease -> ``queued``; the attempt is ``expired``."""
     row = msgspec.structs.replace(

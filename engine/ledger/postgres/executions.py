@@ -1,6 +1,6 @@
 """Planning, dispatch and the execution history (asyncio side; one coroutine per ledger
 method): checkpoints, plan, due, claim, extend, complete, skip, re-queue, get, query,
-statistics and retention.
+statistics and retention; finish, the claim folded into a completion.
 
 Every ownership-dependent operation either runs entirely under valid leases or changes
 nothing: multi-statement ones open their transaction with
@@ -41,12 +41,14 @@ from engine.ledger.common import (
 from engine.ledger.params import (
     Attempt,
     CompleteResult,
+    Completion,
     ExecutionDetail,
     ExecutionsBucket,
     ExecutionsClaim,
     ExecutionsComplete,
     ExecutionsDue,
     ExecutionsExtend,
+    ExecutionsFinish,
     ExecutionsPlan,
     ExecutionsPurge,
     ExecutionsQuery,
@@ -235,12 +237,7 @@ async def executions_complete(store: Store, params: ExecutionsComplete) -> Compl
     tokens = _tokens(params.fences)
     ids = [c.execution_id for c in completions]
     _check_routed(ids, tokens.keys(), store.partition_count)
-    # Of repeated (id, attempt) pairs the first is tried; at most one attempt per id matches.
-    if len(set(ids)) == len(ids):
-        distinct = completions  # no id twice, so no pair twice (the rule)
-    else:
-        distinct = list({(c.execution_id, c.attempt): c for c in reversed(completions)}.values())
-        distinct.reverse()
+    distinct = _first_of_each_attempt(completions, ids)
     fenced = fence_arrays(params.fences)
     winners: dict[str, int] = {}
     if not distinct:
@@ -261,15 +258,39 @@ async def executions_complete(store: Store, params: ExecutionsComplete) -> Compl
         check_held(rows[0], fenced[0])
         # Columns: fences_held, holding, execution_id, attempt (NULLs when none finished).
         winners = {row[2]: row[3] for row in rows if row[2] is not None}
-    applied: list[str] = []
-    stale: list[str] = []
-    for completion in completions:
-        if winners.get(completion.execution_id) == completion.attempt:
-            del winners[completion.execution_id]
-            applied.append(completion.execution_id)
-        else:
-            stale.append(completion.execution_id)
-    return CompleteResult(applied=applied, stale=stale)
+    return _applied_and_stale(completions, winners)
+
+
+async def executions_finish(store: Store, params: ExecutionsFinish) -> CompleteResult:
+    params = params.checked()
+    completions = params.completions
+    tokens = _tokens(params.fences)
+    ids = [c.execution_id for c in completions]
+    _check_routed(ids, tokens.keys(), store.partition_count)
+    distinct = _first_of_each_attempt(completions, ids)
+    fenced = fence_arrays(params.fences)
+    winners: dict[str, int] = {}
+    if not distinct:
+        async with store.transaction() as connection:
+            await require_fences(connection, params.fences)
+    else:
+        async with store.connection() as connection:
+            rows = await connection.fetch(
+                sql_executions.EXECUTIONS_FINISH,
+                text_array([c.execution_id for c in distinct]),
+                int_array([c.attempt for c in distinct]),
+                text_array([c.outcome for c in distinct]),
+                timestamptz_array([c.not_before for c in distinct]),
+                text_array([c.error_code for c in distinct]),
+                text_array([c.error_message for c in distinct]),
+                timestamptz_array([c.started_at for c in distinct]),
+                *fenced,
+                params.node_id,
+            )
+        check_held(rows[0], fenced[0])
+        # Columns: fences_held, holding, execution_id, attempt (NULLs when none finished).
+        winners = {row[2]: row[3] for row in rows if row[2] is not None}
+    return _applied_and_stale(completions, winners)
 
 
 async def executions_skip(store: Store, params: ExecutionsSkip) -> list[str]:
@@ -420,6 +441,30 @@ async def executions_purge(store: Store, params: ExecutionsPurge) -> int:
 
 
 # --- helpers ---------------------------------------------------------------------------------
+
+
+def _first_of_each_attempt(completions: list[Completion], ids: list[str]) -> list[Completion]:
+    """Of repeated (id, attempt) pairs the first, which is the one tried; at most one
+    attempt per id can match."""
+    if len(set(ids)) == len(ids):
+        return completions  # no id twice, so no pair twice (the rule)
+    distinct = list({(c.execution_id, c.attempt): c for c in reversed(completions)}.values())
+    distinct.reverse()
+    return distinct
+
+
+def _applied_and_stale(completions: list[Completion], winners: dict[str, int]) -> CompleteResult:
+    """``completions`` split by whether the statement finished them (``winners``: id to the
+    attempt it finished), each id applied at most once, in the order given."""
+    applied: list[str] = []
+    stale: list[str] = []
+    for completion in completions:
+        if winners.get(completion.execution_id) == completion.attempt:
+            del winners[completion.execution_id]
+            applied.append(completion.execution_id)
+        else:
+            stale.append(completion.execution_id)
+    return CompleteResult(applied=applied, stale=stale)
 
 
 def _tokens(fences: list[Fence]) -> dict[int, int]:

@@ -58,6 +58,7 @@ from engine.ledger.params import (
     ExecutionsComplete,
     ExecutionsDue,
     ExecutionsExtend,
+    ExecutionsFinish,
     ExecutionsPlan,
     ExecutionsPurge,
     ExecutionsQuery,
@@ -298,6 +299,9 @@ class PostgresLedger:
 
     async def executions_complete(self, params: ExecutionsComplete) -> CompleteResult:
         return await self._run(executions.executions_complete, params)
+
+    async def executions_finish(self, params: ExecutionsFinish) -> CompleteResult:
+        return await self._run(executions.executions_finish, params)
 
     async def executions_skip(self, params: ExecutionsSkip) -> list[str]:
         return await self._run(executions.executions_skip, params)

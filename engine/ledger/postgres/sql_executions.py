@@ -1,7 +1,7 @@
 """The execution statements of the Postgres ledger: due, claim (with its in-statement fence
-and the cluster-wide caps), extend, complete, skip, requeue, get, replay and purge. Part of
-:mod:`engine.ledger.postgres.sql`, which re-exports every name; the conventions stated there
-hold here.
+and the cluster-wide caps), extend, complete, finish (a folded claim), skip, requeue, get,
+replay and purge. Part of :mod:`engine.ledger.postgres.sql`, which re-exports every name;
+the conventions stated there hold here.
 """
 
 from __future__ import annotations
@@ -252,6 +252,51 @@ complete costs a fifth less).
 empty and waits for ``not_before`` (now, when the worker gave no retry time). Rows as
 :data:`EXECUTIONS_CLAIM`: ``held`` with each recorded attempt, or alone. ``$1``-``$6`` are
 array literals (:mod:`~engine.ledger.postgres.rows`)."""
+
+EXECUTIONS_FINISH: Final = f"""
+WITH {fence_cte(8, 9, 10)}, c AS (
+    SELECT * FROM unnest($1::text::text[], $2::text::integer[], $3::text::text[],
+                         $4::text::timestamptz[], $5::text::text[], $6::text::text[],
+                         $7::text::timestamptz[])
+         AS c (execution_id, attempt, outcome, not_before, error_code, error_message,
+               started_at)
+), finished AS (
+    UPDATE executions AS e
+    SET status = c.outcome, attempt = c.attempt, started_at = least(c.started_at, now()),
+        finished_at = CASE WHEN c.outcome = 'failed' THEN NULL ELSE now() END,
+        not_before = CASE WHEN c.outcome = 'failed' THEN coalesce(c.not_before, now()) END,
+        attempt_expires_at = NULL,
+        error_code = c.error_code, error_message = c.error_message,
+        fencing_token = {fenced_token(8, 10)}, claimed_by = $11
+    FROM c
+    WHERE e.execution_id = c.execution_id
+      AND e.attempt = c.attempt - 1
+      AND {status_test("'queued', 'failed'")}
+      AND e.startable_at <= now()
+      AND {fenced_partition(8)}
+      AND (SELECT fences_held FROM held) = cardinality($8::integer[])
+    RETURNING e.execution_id, e.attempt, c.outcome, e.started_at, e.error_code,
+              e.error_message, e.claimed_by
+), recorded AS (
+    INSERT INTO execution_attempts (
+        execution_id, attempt, outcome, started_at, finished_at, error_code, error_message,
+        claimed_by)
+    SELECT execution_id, attempt, outcome, started_at, now(), error_code, error_message,
+           claimed_by
+    FROM finished
+    WHERE outcome <> 'succeeded'
+)
+SELECT {held_columns(8)}, finished.execution_id, finished.attempt
+FROM held LEFT JOIN finished ON true
+"""
+"""Finish folded attempts (docs/ledger.md, "Folded claims"): the claim and the completion
+of :data:`EXECUTIONS_CLAIM` and :data:`EXECUTIONS_COMPLETE` in one row version. The row
+must still be startable under the attempt before the completion's (``attempt =
+c.attempt - 1``, startable now, by primary key as the claim reads it); it moves to the
+outcome under the new attempt number, with the handler's start from the node and the node
+as its claimer, and a non-succeeded attempt is recorded as a completion records it.
+``$1``-``$7`` array literals (the six of a completion and ``started_at``), ``$8``-``$10``
+the fences, ``$11`` the node. Rows as :data:`EXECUTIONS_COMPLETE`."""
 
 EXECUTIONS_SKIP: Final = f"""
 UPDATE executions AS e

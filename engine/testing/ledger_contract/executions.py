@@ -1,6 +1,7 @@
 """The ledger contract: executions -- due, claimed, completed, retried, dead-lettered, skipped,
 requeued when their attempt lease runs out, queried, purged by retention, capped per task
-type and counted in statistics -- and attempt-lease renewal.
+type and counted in statistics -- attempt-lease renewal, and folded claims (started without
+a claim, finished in one step).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from engine.ledger.params import (
     ExecutionsComplete,
     ExecutionsDue,
     ExecutionsExtend,
+    ExecutionsFinish,
     ExecutionsPlan,
     ExecutionsPurge,
     ExecutionsQuery,
@@ -791,3 +793,203 @@ async def test_stats_refuse_out_of_bounds_ranges(
     params = msgspec.structs.replace(ExecutionsStats(now, 60, 60, 1.0), **change)
     with pytest.raises(InvalidField):
         await backend.ledger.executions_stats(params)
+
+
+# --- folded claims: executions_finish ---------------------------------------------------------
+
+
+def folded(
+    eid: str,
+    attempt: int,
+    outcome: Outcome,
+    started_at: datetime,
+    not_before: datetime | None = None,
+    error_code: str | None = None,
+) -> Completion:
+    """The completion of a folded attempt (its number is the execution's + 1)."""
+    return Completion(eid, attempt, outcome, not_before, error_code, started_at=started_at)
+
+
+async def test_a_folded_attempt_moves_a_queued_execution_to_its_outcome_once(
+    backend: Backend,
+) -> None:
+    sids = ids_in_partition(2, 2)
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(s) for s in sids]))
+    fence = await own(backend, 2)
+    now = (await backend.ledger.database_now()).replace(microsecond=0)
+    at = now - timedelta(seconds=2)
+    await planned(backend, fence, sids, at)
+    ok, bad = execution_id(sids[0], at), execution_id(sids[1], at)
+    started = now - timedelta(seconds=1)
+    result = await backend.ledger.executions_finish(
+        ExecutionsFinish(
+            [fence],
+            [
+                folded(ok, 1, Outcome.SUCCEEDED, started),
+                folded(bad, 1, Outcome.DEAD_LETTER, started, error_code="http_404"),
+            ],
+            "n1",
+        )
+    )
+    assert (result.applied, result.stale) == ([ok, bad], [])
+    done = await backend.ledger.executions_get(ok)
+    row = done.execution
+    assert (row.status, row.attempt, row.started_at) == (ExecutionStatus.SUCCEEDED, 1, started)
+    assert row.finished_at is not None
+    assert row.finished_at >= started
+    assert (row.attempt_expires_at, row.fencing_token) == (None, fence.fencing_token)
+    assert [(a.attempt, a.outcome, a.started_at) for a in done.attempts] == [
+        (1, "succeeded", started)
+    ]
+    dead = await backend.ledger.executions_get(bad)
+    assert (dead.execution.status, dead.execution.attempt, dead.execution.error_code) == (
+        ExecutionStatus.DEAD_LETTER,
+        1,
+        "http_404",
+    )
+    assert [(a.attempt, a.outcome, a.started_at, a.error_code) for a in dead.attempts] == [
+        (1, "dead-letter", started, "http_404")
+    ]
+    # The same attempt finished again (a retried write whose reply was lost), or completed
+    # as if claimed: stale, nothing changes.
+    again = await backend.ledger.executions_finish(
+        ExecutionsFinish([fence], [folded(ok, 1, Outcome.FAILED, started)], "n1")
+    )
+    assert (again.applied, again.stale) == ([], [ok])
+    completed = await backend.ledger.executions_complete(
+        ExecutionsComplete([fence], [Completion(ok, 1, Outcome.FAILED)])
+    )
+    assert completed.stale == [ok]
+    assert await backend.ledger.executions_get(ok) == done
+
+
+async def test_a_folded_failure_waits_for_its_retry_and_the_retry_folds_from_failed(
+    backend: Backend,
+) -> None:
+    [sid] = ids_in_partition(3, 1)
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+    fence = await own(backend, 3)
+    now = (await backend.ledger.database_now()).replace(microsecond=0)
+    at = now - timedelta(seconds=2)
+    await planned(backend, fence, [sid], at)
+    eid = execution_id(sid, at)
+    first_start = now - timedelta(seconds=1)
+    retry_at = (await backend.ledger.database_now()) + timedelta(seconds=TTL_S)
+    failure = folded(eid, 1, Outcome.FAILED, first_start, retry_at, "http_503")
+    assert (
+        await backend.ledger.executions_finish(ExecutionsFinish([fence], [failure], "n1"))
+    ).applied == [eid]
+    failed = (await backend.ledger.executions_get(eid)).execution
+    assert (failed.status, failed.attempt, failed.not_before, failed.finished_at) == (
+        ExecutionStatus.FAILED,
+        1,
+        retry_at,
+        None,
+    )
+    # Not startable before its retry: neither a fold nor a claim may start it.
+    retry = folded(eid, 2, Outcome.SUCCEEDED, now)
+    early = await backend.ledger.executions_finish(ExecutionsFinish([fence], [retry], "n1"))
+    assert early.stale == [eid]
+    await backend.advance(TTL_S + 0.1)
+    second_start = await backend.ledger.database_now()
+    # The attempt number must be the next one: not the same, not one further.
+    for wrong in (1, 3):
+        stale = await backend.ledger.executions_finish(
+            ExecutionsFinish([fence], [folded(eid, wrong, Outcome.SUCCEEDED, second_start)], "n1")
+        )
+        assert stale.stale == [eid]
+    retry = folded(eid, 2, Outcome.SUCCEEDED, second_start)
+    assert (
+        await backend.ledger.executions_finish(ExecutionsFinish([fence], [retry], "n1"))
+    ).applied == [eid]
+    detail = await backend.ledger.executions_get(eid)
+    assert (detail.execution.status, detail.execution.attempt) == (ExecutionStatus.SUCCEEDED, 2)
+    assert (detail.execution.not_before, detail.execution.error_code) == (None, None)
+    assert [(a.attempt, a.outcome, a.started_at) for a in detail.attempts] == [
+        (1, "failed", first_start),
+        (2, "succeeded", second_start),
+    ]
+
+
+async def test_a_finish_is_stale_after_a_claim_a_skip_or_before_the_instant(
+    backend: Backend,
+) -> None:
+    sids = ids_in_partition(4, 4)
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(s) for s in sids]))
+    fence = await own(backend, 4)
+    now = (await backend.ledger.database_now()).replace(microsecond=0)
+    past, future = now - timedelta(seconds=1), now + timedelta(minutes=10)
+    await planned(backend, fence, sids[:3], past)
+    await planned(backend, fence, sids[3:], future)
+    claimed, deleted, skipped, not_due = (
+        execution_id(sids[0], past),
+        execution_id(sids[1], past),
+        execution_id(sids[2], past),
+        execution_id(sids[3], future),
+    )
+    [running] = await backend.ledger.executions_claim(ExecutionsClaim([fence], [claimed], 30, "n2"))
+    await backend.ledger.schedules_delete(SchedulesDelete(sids[1]))
+    await backend.ledger.executions_skip(ExecutionsSkip([fence], [skipped], "overlap"))
+    before = {
+        eid: await backend.ledger.executions_get(eid)
+        for eid in (claimed, deleted, skipped, not_due)
+    }
+    assert before[deleted].execution.status is ExecutionStatus.SKIPPED
+    finishes = [
+        folded(eid, attempt, Outcome.SUCCEEDED, now)
+        for eid in (claimed, deleted, skipped, not_due)
+        for attempt in (1, 2)
+    ]
+    result = await backend.ledger.executions_finish(ExecutionsFinish([fence], finishes, "n1"))
+    assert result.applied == []
+    for eid, detail in before.items():
+        assert await backend.ledger.executions_get(eid) == detail
+    # The claimed attempt completes as usual.
+    done = await backend.ledger.executions_complete(
+        ExecutionsComplete([fence], [Completion(claimed, running.attempt, Outcome.SUCCEEDED)])
+    )
+    assert done.applied == [claimed]
+
+
+async def test_a_finish_is_fenced_and_checks_its_input(backend: Backend) -> None:
+    [sid] = ids_in_partition(6, 1)
+    await backend.ledger.schedules_create(SchedulesCreate([schedule(sid)]))
+    fence = await own(backend, 6)
+    now = (await backend.ledger.database_now()).replace(microsecond=0)
+    at = now - timedelta(seconds=1)
+    await planned(backend, fence, [sid], at)
+    eid = execution_id(sid, at)
+    with pytest.raises(InvalidField):
+        await backend.ledger.executions_finish(
+            ExecutionsFinish([fence], [Completion(eid, 1, Outcome.SUCCEEDED)], "n1")
+        )
+    with pytest.raises(InvalidField):
+        await backend.ledger.executions_finish(
+            ExecutionsFinish(
+                [fence], [folded(eid, 1, Outcome.SUCCEEDED, at.replace(tzinfo=None))], "n1"
+            )
+        )
+    [other] = ids_in_partition(7, 1)
+    with pytest.raises(InvalidField):
+        await backend.ledger.executions_finish(
+            ExecutionsFinish(
+                [fence], [folded(execution_id(other, at), 1, Outcome.SUCCEEDED, now)], "n1"
+            )
+        )
+    # A zombie's finish -- its lease ran out and another node owns the partition -- is refused
+    # whole, as its completion would be; the execution stays queued for the new owner.
+    await backend.advance(TTL_S * 50 + 0.1)
+    successor = await own(backend, 6, "successor")
+    with pytest.raises(LeaseLost):
+        await backend.ledger.executions_finish(
+            ExecutionsFinish([fence], [folded(eid, 1, Outcome.SUCCEEDED, now)], "zombie")
+        )
+    row = (await backend.ledger.executions_get(eid)).execution
+    assert (row.status, row.attempt) == (ExecutionStatus.QUEUED, 0)
+    result = await backend.ledger.executions_finish(
+        ExecutionsFinish([successor], [folded(eid, 1, Outcome.SUCCEEDED, now)], "successor")
+    )
+    assert result.applied == [eid]
+    assert (await backend.ledger.executions_get(eid)).execution.fencing_token == (
+        successor.fencing_token
+    )
