@@ -233,59 +233,58 @@ async def executions_extend(store: Store, params: ExecutionsExtend) -> list[str]
 
 async def executions_complete(store: Store, params: ExecutionsComplete) -> CompleteResult:
     params = params.checked()
-    completions = params.completions
-    tokens = _tokens(params.fences)
-    ids = [c.execution_id for c in completions]
-    _check_routed(ids, tokens.keys(), store.partition_count)
-    distinct = _first_of_each_attempt(completions, ids)
-    fenced = fence_arrays(params.fences)
-    winners: dict[str, int] = {}
-    if not distinct:
-        async with store.transaction() as connection:
-            await require_fences(connection, params.fences)
-    else:
-        async with store.connection() as connection:
-            rows = await connection.fetch(
-                sql_executions.EXECUTIONS_COMPLETE,
-                text_array([c.execution_id for c in distinct]),
-                int_array([c.attempt for c in distinct]),
-                text_array([c.outcome for c in distinct]),
-                timestamptz_array([c.not_before for c in distinct]),
-                text_array([c.error_code for c in distinct]),
-                text_array([c.error_message for c in distinct]),
-                *fenced,
-            )
-        check_held(rows[0], fenced[0])
-        # Columns: fences_held, holding, execution_id, attempt (NULLs when none finished).
-        winners = {row[2]: row[3] for row in rows if row[2] is not None}
-    return _applied_and_stale(completions, winners)
+    return await _write_outcomes(
+        store, params.fences, params.completions, sql_executions.EXECUTIONS_COMPLETE
+    )
 
 
 async def executions_finish(store: Store, params: ExecutionsFinish) -> CompleteResult:
     params = params.checked()
-    completions = params.completions
-    tokens = _tokens(params.fences)
+    return await _write_outcomes(
+        store,
+        params.fences,
+        params.completions,
+        sql_executions.EXECUTIONS_FINISH,
+        folded_by=params.node_id,
+    )
+
+
+async def _write_outcomes(
+    store: Store,
+    fences: list[Fence],
+    completions: list[Completion],
+    statement: str,
+    *,
+    folded_by: str | None = None,
+) -> CompleteResult:
+    """Write the outcomes of ``completions`` with ``statement``: a completion's
+    (:data:`~engine.ledger.postgres.sql_executions.EXECUTIONS_COMPLETE`), or, given the node
+    that started them, a folded attempt's finish (``EXECUTIONS_FINISH``, which also takes each
+    attempt's start and the node). Both are fenced in the statement and return the same
+    columns."""
+    tokens = _tokens(fences)
     ids = [c.execution_id for c in completions]
     _check_routed(ids, tokens.keys(), store.partition_count)
     distinct = _first_of_each_attempt(completions, ids)
-    fenced = fence_arrays(params.fences)
+    fenced = fence_arrays(fences)
     winners: dict[str, int] = {}
     if not distinct:
         async with store.transaction() as connection:
-            await require_fences(connection, params.fences)
+            await require_fences(connection, fences)
     else:
+        arrays = [
+            text_array([c.execution_id for c in distinct]),
+            int_array([c.attempt for c in distinct]),
+            text_array([c.outcome for c in distinct]),
+            timestamptz_array([c.not_before for c in distinct]),
+            text_array([c.error_code for c in distinct]),
+            text_array([c.error_message for c in distinct]),
+        ]
+        if folded_by is not None:
+            arrays.append(timestamptz_array([c.started_at for c in distinct]))
         async with store.connection() as connection:
             rows = await connection.fetch(
-                sql_executions.EXECUTIONS_FINISH,
-                text_array([c.execution_id for c in distinct]),
-                int_array([c.attempt for c in distinct]),
-                text_array([c.outcome for c in distinct]),
-                timestamptz_array([c.not_before for c in distinct]),
-                text_array([c.error_code for c in distinct]),
-                text_array([c.error_message for c in distinct]),
-                timestamptz_array([c.started_at for c in distinct]),
-                *fenced,
-                params.node_id,
+                statement, *arrays, *fenced, *(() if folded_by is None else (folded_by,))
             )
         check_held(rows[0], fenced[0])
         # Columns: fences_held, holding, execution_id, attempt (NULLs when none finished).
