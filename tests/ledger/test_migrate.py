@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -34,18 +33,6 @@ pytestmark = pytest.mark.postgres
 
 KNOWN = [(migration.version, migration.name) for migration in known_migrations()]
 """Every migration this code ships, as (version, name): 1 is ``initial``."""
-
-
-@pytest.fixture
-async def fresh_url(database_url: str) -> AsyncIterator[str]:
-    """An empty database of this test's own."""
-    name = f"{urlsplit(database_url).path.lstrip('/')}_m{secrets.token_hex(4)}"
-    await sql(database_url, f'CREATE DATABASE "{name}"')
-    try:
-        yield url_with_database(database_url, name)
-    finally:
-        with trio.CancelScope(shield=True):
-            await sql(database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 async def lease_rows(url: str) -> list[tuple[int, str | None, int]]:

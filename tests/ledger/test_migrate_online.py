@@ -9,16 +9,12 @@ step against real PostgreSQL.
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
-from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
 import trio
 
-from engine.ledger.database import url_with_database
 from engine.ledger.params import ExecutionsQuery
 from engine.ledger.postgres import migrate_database, open_postgres_ledger
 from engine.ledger.postgres.migrate import (
@@ -79,17 +75,6 @@ def test_version_11_is_online() -> None:
 
 
 # --- against PostgreSQL ---------------------------------------------------------------------
-
-
-@pytest.fixture
-async def fresh_url(database_url: str) -> AsyncIterator[str]:
-    name = f"{urlsplit(database_url).path.lstrip('/')}_o{secrets.token_hex(4)}"
-    await sql(database_url, f'CREATE DATABASE "{name}"')
-    try:
-        yield url_with_database(database_url, name)
-    finally:
-        with trio.CancelScope(shield=True):
-            await sql(database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 async def back_to_version_10(url: str) -> None:
