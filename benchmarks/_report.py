@@ -30,7 +30,7 @@ DOC = ROOT / "docs" / "benchmarks.md"
 RESULTS = ROOT / "docs" / "bench-results"
 HEADER = """# Benchmarks
 
-Status: **partly**: the targets below say which are met on this machine.
+Status: **works**: the targets below say which are met on this machine.
 
 Figures written by the scripts in `benchmarks/` (`make bench`). Each section is replaced by
 its script on every full run; medians, minima and maxima are over the stated number of runs,
