@@ -211,26 +211,22 @@ RETURNING e.execution_id
 """
 """Renew the attempt leases of the listed attempts that are still running."""
 
-EXECUTIONS_COMPLETE: Final = f"""
-WITH {fence_cte(7, 8, 9)}, c AS (
-    SELECT * FROM unnest($1::text::text[], $2::text::integer[], $3::text::text[],
-                         $4::text::timestamptz[], $5::text::text[], $6::text::text[])
-         AS c (execution_id, attempt, outcome, not_before, error_code, error_message)
-), finished AS (
-    UPDATE executions AS e
-    SET status = c.outcome,
+
+def outcome_set() -> str:
+    """What a completion and a folded finish both set: the outcome, ``finished_at`` exactly
+    while terminal, a failed attempt's retry instant, its error, no attempt lease."""
+    return """status = c.outcome,
         finished_at = CASE WHEN c.outcome = 'failed' THEN NULL ELSE now() END,
         not_before = CASE WHEN c.outcome = 'failed' THEN coalesce(c.not_before, now()) END,
         attempt_expires_at = NULL,
-        error_code = c.error_code, error_message = c.error_message,
-        fencing_token = {fenced_token(7, 9)}
-    FROM c
-    WHERE e.execution_id = c.execution_id
-      AND e.attempt = c.attempt
-      AND {status_test("'running'")}
-      AND {fenced_partition(7)}
-      AND (SELECT fences_held FROM held) = cardinality($7::integer[])
-    RETURNING e.execution_id, e.attempt, c.outcome, e.started_at, e.error_code,
+        error_code = c.error_code, error_message = c.error_message"""
+
+
+def recorded_and_held(partitions: int) -> str:
+    """The end of a completion and a folded finish, after their ``finished`` update's
+    ``WHERE``: what it returns, the history rows of the attempts that did not succeed, and
+    the answer (``held`` with each finished attempt, or alone)."""
+    return f"""RETURNING e.execution_id, e.attempt, c.outcome, e.started_at, e.error_code,
               e.error_message, e.claimed_by
 ), recorded AS (
     INSERT INTO execution_attempts (
@@ -241,9 +237,27 @@ WITH {fence_cte(7, 8, 9)}, c AS (
     FROM finished
     WHERE outcome <> 'succeeded'
 )
-SELECT {held_columns(7)}, finished.execution_id, finished.attempt
+SELECT {held_columns(partitions)}, finished.execution_id, finished.attempt
 FROM held LEFT JOIN finished ON true
 """
+
+
+EXECUTIONS_COMPLETE: Final = f"""
+WITH {fence_cte(7, 8, 9)}, c AS (
+    SELECT * FROM unnest($1::text::text[], $2::text::integer[], $3::text::text[],
+                         $4::text::timestamptz[], $5::text::text[], $6::text::text[])
+         AS c (execution_id, attempt, outcome, not_before, error_code, error_message)
+), finished AS (
+    UPDATE executions AS e
+    SET {outcome_set()},
+        fencing_token = {fenced_token(7, 9)}
+    FROM c
+    WHERE e.execution_id = c.execution_id
+      AND e.attempt = c.attempt
+      AND {status_test("'running'")}
+      AND {fenced_partition(7)}
+      AND (SELECT fences_held FROM held) = cardinality($7::integer[])
+    {recorded_and_held(7)}"""
 """Finish the current attempts and record them in the history, fenced, in one statement.
 A succeeded attempt is not copied to the history: a succeeded execution never changes again,
 so its row is that attempt's record (``executions_get`` shows it from there; measured: the
@@ -262,11 +276,8 @@ WITH {fence_cte(8, 9, 10)}, c AS (
                started_at)
 ), finished AS (
     UPDATE executions AS e
-    SET status = c.outcome, attempt = c.attempt, started_at = least(c.started_at, now()),
-        finished_at = CASE WHEN c.outcome = 'failed' THEN NULL ELSE now() END,
-        not_before = CASE WHEN c.outcome = 'failed' THEN coalesce(c.not_before, now()) END,
-        attempt_expires_at = NULL,
-        error_code = c.error_code, error_message = c.error_message,
+    SET {outcome_set()},
+        attempt = c.attempt, started_at = least(c.started_at, now()),
         fencing_token = {fenced_token(8, 10)}, claimed_by = $11
     FROM c
     WHERE e.execution_id = c.execution_id
@@ -275,20 +286,7 @@ WITH {fence_cte(8, 9, 10)}, c AS (
       AND e.startable_at <= now()
       AND {fenced_partition(8)}
       AND (SELECT fences_held FROM held) = cardinality($8::integer[])
-    RETURNING e.execution_id, e.attempt, c.outcome, e.started_at, e.error_code,
-              e.error_message, e.claimed_by
-), recorded AS (
-    INSERT INTO execution_attempts (
-        execution_id, attempt, outcome, started_at, finished_at, error_code, error_message,
-        claimed_by)
-    SELECT execution_id, attempt, outcome, started_at, now(), error_code, error_message,
-           claimed_by
-    FROM finished
-    WHERE outcome <> 'succeeded'
-)
-SELECT {held_columns(8)}, finished.execution_id, finished.attempt
-FROM held LEFT JOIN finished ON true
-"""
+    {recorded_and_held(8)}"""
 """Finish folded attempts (docs/ledger.md, "Folded claims"): the claim and the completion
 of :data:`EXECUTIONS_CLAIM` and :data:`EXECUTIONS_COMPLETE` in one row version. The row
 must still be startable under the attempt before the completion's (``attempt =
